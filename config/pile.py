@@ -1,0 +1,49 @@
+# GPT-2 small (124M parameters) on The Pile, sized for one node of 8 GPUs (A100/H100 80 GB):
+#   export DATA_REMOTE=s3://my-bucket/pile/mds CHECKPOINT_FOLDER=s3://my-bucket/runs/pile-gpt2-124m
+#   composer -n 8 train.py config/pile.py
+# The same command after a crash or preemption continues from the last checkpoint (autoresume).
+# Larger models: config/pile_350m.py, pile_760m.py, pile_1.3b.py start from this file.
+import os
+
+n_layer = 12
+n_head = 12
+n_embd = 768
+block_size = 1024
+vocab_size = 50257  # 50304 (a multiple of 64) is a few % faster on GPU
+dropout = 0.0
+bias = True
+
+# MDS written by to_mds.py (ROOT/train, ROOT/val) and pushed by upload_s3.py; a list reads several roots.
+data_remote = os.environ.get("DATA_REMOTE", "s3://my-bucket/pile/mds")
+data_local = os.environ.get("DATA_LOCAL", "/tmp/pile-gpt/mds_cache")  # shard cache on local disk
+num_workers = 8
+
+# ~0.5M tokens per optimizer step: 480 sequences x 1024 tokens = 491,520 (GPT-3 paper's batch for 125M).
+# On 8 GPUs each takes 60 sequences in 5 microbatches of 12; "auto" finds the largest that fits.
+global_batch_size = 480
+device_train_microbatch_size = 12
+device_eval_batch_size = 16
+
+learning_rate = 6e-4
+min_lr = 6e-5
+weight_decay = 0.1
+beta1 = 0.9
+beta2 = 0.95
+grad_clip = 1.0
+warmup = "700ba"
+max_duration = "19073ba"  # 19073 x 491,520 = 9.4B tokens (one pass over ~3% of The Pile)
+
+eval_interval = "1000ba"
+eval_subset_num_batches = 50  # 50 x 16 x 8 GPUs x 1024 = 6.6M validation tokens per evaluation
+sample_prompt = "The meaning of life is"
+
+precision = "auto"  # amp_bf16 on GPU
+compile = False  # True: torch.compile, faster after a few minutes of compiling (not verified here)
+
+run_name = os.environ.get("RUN_NAME", "pile-gpt2-124m")
+save_folder = os.environ.get("CHECKPOINT_FOLDER", "runs/{run_name}")  # or s3://bucket/prefix
+save_interval = "1000ba"
+save_num_checkpoints_to_keep = 2  # local copies; S3 keeps every checkpoint
+autoresume = True
+progress_bar = True
+speed_window = 50
