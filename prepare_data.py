@@ -540,14 +540,20 @@ class Pipeline:
             self.pool = None
 
 
-def init_worker(settings: dict, ignore_sigint: bool = True) -> None:
+def get_encoding(name: str):
+    """tiktoken's encoding `name`. "gpt2" loads as "r50k_base": the same vocabulary, merges, pattern and
+    special tokens (so the same tokens), from a file that parses in 0.3 s instead of 1.7 s per process."""
     import tiktoken
 
+    return tiktoken.get_encoding("r50k_base" if name == "gpt2" else name)
+
+
+def init_worker(settings: dict, ignore_sigint: bool = True) -> None:
     if ignore_sigint:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C
     _W.clear()
     _W.update(settings)
-    _W["enc"] = tiktoken.get_encoding(settings["encoding"])
+    _W["enc"] = get_encoding(settings["encoding"])
     _W["dtype"] = np.dtype(settings["dtype"])
 
 
@@ -648,11 +654,10 @@ def discard(out_dir: Path, created: bool) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
-    import tiktoken
     from tqdm import tqdm
 
     try:
-        enc = tiktoken.get_encoding(args.encoding)
+        enc = get_encoding(args.encoding)
     except Exception as e:
         raise UserError(f"--encoding {args.encoding}: cannot load the tiktoken vocabulary ({type(e).__name__}); "
                         "it is downloaded once, so check the network or set TIKTOKEN_CACHE_DIR") from None
