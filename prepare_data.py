@@ -17,7 +17,8 @@ Output (in --out-dir):
 Sources: `--dataset` reads a Hugging Face Hub dataset's files (default: The Pile mirror
 monology/pile-uncopyrighted) or any fsspec URL (s3://, file://) file by file, streaming, so no Arrow cache
 is ever written. `--input` reads local paths, globs or folders of .jsonl.zst / .jsonl / .jsonl.gz files
-(one JSON object per line with a text field) and .txt files (one file = one document).
+(one JSON object per line with a text field) and .txt files (one file = one document; --text-suffix .py
+reads other files as plain text too).
 
 Splits: a file named like val.jsonl.zst / validation.* / dev.* (or under a val/ folder) is validation data,
 test.* files are skipped, the rest is train. Inputs without their own validation files get a deterministic
@@ -74,10 +75,7 @@ class SourceFile:
     name: str  # shown to the user and recorded in meta.json (relative to the input root when possible)
     split: str  # "train" | "val" | "test"
     size: Optional[int]  # bytes, recorded so a resumed run notices a changed input
-
-    @property
-    def kind(self) -> str:
-        return "text" if self.name.lower().endswith(TEXT_SUFFIXES) else "jsonl"
+    kind: str  # "jsonl" (one JSON object per line) | "text" (the whole file is one document)
 
 
 class BadInput(Exception):
@@ -98,36 +96,46 @@ def split_of(rel_name: str) -> str:
     return "train"
 
 
-def is_supported(name: str) -> bool:
-    return name.lower().endswith(JSONL_SUFFIXES + TEXT_SUFFIXES)
+def kind_of(name: str, text_suffixes: Sequence[str]) -> Optional[str]:
+    """'jsonl', 'text', or None for a file type prepare_data does not read."""
+    lower = name.lower()
+    if lower.endswith(JSONL_SUFFIXES):
+        return "jsonl"
+    if lower.endswith(tuple(text_suffixes)):
+        return "text"
+    return None
 
 
-def list_local_inputs(patterns: Sequence[str]) -> list[SourceFile]:
+def list_local_inputs(patterns: Sequence[str], text_suffixes: Sequence[str]) -> list[SourceFile]:
     files: dict[str, SourceFile] = {}
     for pattern in patterns:
         pattern = os.path.expanduser(pattern)
         if os.path.isdir(pattern):
             root = Path(pattern)
-            found = sorted(p for p in root.rglob("*") if p.is_file() and is_supported(p.name))
+            found = sorted(p for p in root.rglob("*") if p.is_file() and kind_of(p.name, text_suffixes))
             if not found:
-                raise UserError(f"--input {pattern}: folder holds no .jsonl.zst/.jsonl/.jsonl.gz/.txt files")
+                raise UserError(f"--input {pattern}: folder holds no .jsonl.zst/.jsonl/.jsonl.gz/"
+                                f"{'/'.join(text_suffixes)} files")
             for p in found:
                 rel = p.relative_to(root).as_posix()
-                files[str(p.resolve())] = SourceFile(str(p), rel, split_of(rel), p.stat().st_size)
+                files[str(p.resolve())] = SourceFile(str(p), rel, split_of(rel), p.stat().st_size,
+                                                     kind_of(p.name, text_suffixes))
             continue
         matches = sorted(glob.glob(pattern, recursive=True)) if glob.has_magic(pattern) else [pattern]
         matches = [m for m in matches if os.path.isfile(m)]
         if not matches:
             raise UserError(f"--input {pattern}: no files matched; check the path or quote the glob")
         for m in matches:
-            if not is_supported(m):
-                raise UserError(f"--input {m}: unsupported file type; use .jsonl.zst, .jsonl, .jsonl.gz or .txt")
+            kind = kind_of(m, text_suffixes)
+            if kind is None:
+                raise UserError(f"--input {m}: unsupported file type; use .jsonl.zst, .jsonl, .jsonl.gz or .txt "
+                                "(or --text-suffix to read other files as plain text)")
             name = os.path.basename(m)
-            files[str(Path(m).resolve())] = SourceFile(m, name, split_of(name), os.path.getsize(m))
+            files[str(Path(m).resolve())] = SourceFile(m, name, split_of(name), os.path.getsize(m), kind)
     return list(files.values())
 
 
-def list_dataset_files(dataset: str) -> list[SourceFile]:
+def list_dataset_files(dataset: str, text_suffixes: Sequence[str]) -> list[SourceFile]:
     """The files of a HF Hub dataset (or any fsspec URL), read without `datasets` so nothing is cached."""
     import fsspec
 
@@ -144,8 +152,9 @@ def list_dataset_files(dataset: str) -> list[SourceFile]:
     files = []
     for path, info in sorted(listing.items()):
         rel = path[len(root):].lstrip("/")
-        if info.get("type", "file") == "file" and is_supported(rel):
-            files.append(SourceFile(fs.unstrip_protocol(path), rel, split_of(rel), info.get("size")))
+        if info.get("type", "file") == "file" and kind_of(rel, text_suffixes):
+            files.append(SourceFile(fs.unstrip_protocol(path), rel, split_of(rel), info.get("size"),
+                                    kind_of(rel, text_suffixes)))
     if not files:
         raise UserError(f"--dataset {dataset}: no .jsonl.zst/.jsonl/.jsonl.gz/.txt files found in it")
     return files
@@ -358,7 +367,7 @@ def state_fingerprint(args, files: list[SourceFile], settings: dict) -> dict:
     """Everything that decides the output bytes; a resumed run must match it exactly."""
     return {
         "version": VERSION,
-        "files": [[f.name, f.split, f.size] for f in files],
+        "files": [[f.name, f.split, f.size, f.kind] for f in files],
         "settings": {k: v for k, v in settings.items() if not k.startswith("_")},
         "max_tokens": args.max_tokens,
     }
@@ -474,6 +483,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                    help="keep only documents whose meta.pile_set_name is NAME (repeatable)")
     p.add_argument("--exclude-subset", action="append", default=[], metavar="NAME",
                    help="drop documents whose meta.pile_set_name is NAME (repeatable), e.g. 'Books3'")
+    p.add_argument("--text-suffix", action="append", default=[], metavar="SUFFIX",
+                   help="also read files ending in SUFFIX as plain text, one file = one document "
+                        "(repeatable), e.g. --text-suffix .py")
     p.add_argument("--skip-bad-lines", action="store_true",
                    help="skip malformed JSON lines / invalid UTF-8 / missing text fields and count them")
     p.add_argument("--encoding", default="gpt2", help="tiktoken encoding (default gpt2)")
@@ -662,13 +674,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         raise UserError(f"--encoding {args.encoding}: cannot load the tiktoken vocabulary ({type(e).__name__}); "
                         "it is downloaded once, so check the network or set TIKTOKEN_CACHE_DIR") from None
     dtype = np.dtype(np.uint16 if enc.n_vocab <= 2**16 else np.uint32)
+    text_suffixes = TEXT_SUFFIXES + tuple(s if s.startswith(".") else "." + s for s in args.text_suffix)
 
     if args.input:
-        files = list_local_inputs(args.input)
+        files = list_local_inputs(args.input, text_suffixes)
         sources = {"input": args.input}
     else:
         dataset = args.dataset or DEFAULT_DATASET
-        files = list_dataset_files(dataset)
+        files = list_dataset_files(dataset, text_suffixes)
         sources = {"dataset": dataset}
     files, n_test = plan_files(files, args.shard_index, args.num_shards)
     if not files:

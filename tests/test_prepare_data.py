@@ -68,6 +68,23 @@ def test_txt_tokens_are_exactly_encode_ordinary_plus_eot_and_decode_back(tmp_pat
     assert sorted(os.listdir(tmp_path / "out")) == ["meta.json", "train.bin"]
 
 
+def test_text_suffix_reads_source_files_as_documents_split_by_name(tmp_path):
+    import sysconfig
+
+    stdlib = Path(sysconfig.get_path("stdlib"))
+    names = ["abc.py", "bisect.py", "colorsys.py", "heapq.py", "keyword.py", "this.py"]
+    for name in names:
+        (tmp_path / "src").mkdir(exist_ok=True)
+        (tmp_path / "src" / name).write_bytes((stdlib / name).read_bytes())
+    run("--input", tmp_path / "src", "--text-suffix", ".py", "--val-fraction", 0.3, "--out-dir", tmp_path / "out")
+    in_val = [n for n in names if prepare_data.goes_to_val(n.encode(), 0.3)]
+    in_train = [n for n in names if n not in in_val]
+    assert in_val and in_train  # this fixed set of names lands on both sides
+    texts = {n: (tmp_path / "src" / n).read_text() for n in names}
+    assert np.array_equal(read_bin(tmp_path / "out" / "train.bin"), expected_tokens([texts[n] for n in in_train]))
+    assert np.array_equal(read_bin(tmp_path / "out" / "val.bin"), expected_tokens([texts[n] for n in in_val]))
+
+
 def test_pile_sample_uses_its_own_val_split_and_skips_test(tmp_path):
     import zstandard
 
