@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import asdict, dataclass, fields
 
 import torch
@@ -46,7 +47,8 @@ class GPTConfig:
         if self.n_embd % self.n_head != 0:
             raise ValueError(f"GPTConfig.n_embd ({self.n_embd}) must be a multiple of n_head ({self.n_head}); "
                              f"e.g. n_embd={self.n_head * max(1, round(self.n_embd / self.n_head))}")
-        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
+        dropout_ok = isinstance(self.dropout, (int, float)) and not isinstance(self.dropout, bool)
+        if not (dropout_ok and 0.0 <= self.dropout < 1.0):
             raise ValueError(f"GPTConfig.dropout must be a number in [0, 1), got {self.dropout!r}")
         if not isinstance(self.bias, bool):
             raise ValueError(f"GPTConfig.bias must be True or False, got {self.bias!r}")
@@ -257,7 +259,7 @@ def save_export(model: GPT, path: str | os.PathLike) -> None:
 
 
 def config_from_args(model_args: dict) -> GPTConfig:
-    """GPTConfig from a dict of its fields; unknown or missing-typed fields raise ValueError."""
+    """GPTConfig from a dict of its fields; unknown fields or bad values raise ValueError."""
     if not isinstance(model_args, dict):
         raise ValueError(f"model_args must be a dict of GPTConfig fields, got {type(model_args).__name__}")
     known = {f.name for f in fields(GPTConfig)}
@@ -265,6 +267,36 @@ def config_from_args(model_args: dict) -> GPTConfig:
     if unknown:
         raise ValueError(f"unknown GPTConfig field(s) {unknown}; known: {sorted(known)}")
     return GPTConfig(**model_args)
+
+
+def load_error_reason(e: Exception) -> str:
+    """One line saying why torch.load(weights_only=True) refused a file (its message is a page long)."""
+    text = str(e)
+    found = re.search(r"Unsupported global: GLOBAL (\S+)", text)
+    if found:
+        return f"it holds a {found.group(1)} object, which a weights-only load refuses"
+    found = re.search(r"WeightsUnpickler error: ([^\n]+)", text)
+    if found:
+        return found.group(1).strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[0] if lines else type(e).__name__
+
+
+def gpt_from_weights(model_args: dict, state_dict: dict, source: str = "checkpoint") -> GPT:
+    """A GPT built from GPTConfig fields and loaded with a GPT-2-named state dict, in eval mode.
+
+    Raises ValueError naming `source` when the args are bad or the weights do not fit them.
+    """
+    try:
+        model = GPT(config_from_args(model_args))
+    except ValueError as e:
+        raise ValueError(f"{source}: bad model_args ({e})") from None
+    try:
+        model.load_state_dict(state_dict)
+    except RuntimeError as e:
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        raise ValueError(f"{source}: weights do not match model_args {model_args} ({' '.join(lines[:2])})") from None
+    return model.eval()
 
 
 def load_export(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> GPT:
@@ -279,15 +311,8 @@ def load_export(path: str | os.PathLike, map_location: str | torch.device = "cpu
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # pickle.UnpicklingError for disallowed objects, RuntimeError for non-zip files...
-        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ValueError(f"{path} is not a weights-only model export ({first_line})") from None
+        raise ValueError(f"{path} is not a weights-only model export: {load_error_reason(e)}") from None
     if not isinstance(payload, dict) or payload.get("format") != EXPORT_FORMAT:
         raise ValueError(f"{path} is not a model export written by model.save_export (no format tag "
                          f"{EXPORT_FORMAT!r})")
-    model = GPT(config_from_args(payload["model_args"]))
-    try:
-        model.load_state_dict(payload["model"])
-    except RuntimeError as e:
-        raise ValueError(f"{path}: weights do not match its model_args ({str(e).splitlines()[0]})") from None
-    return model.to(map_location).eval()
-
+    return gpt_from_weights(payload["model_args"], payload["model"], source=path).to(map_location)
