@@ -1,0 +1,417 @@
+"""Tests for upload_s3.py, against a real S3 server (`rclone serve s3` on loopback, see conftest.py).
+
+The datasets are real MDS datasets written with streaming.MDSWriter, shaped like to_mds.py's output: columns x and y,
+each BLOCK tokens of uint16, y = x shifted by one.
+"""
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import upload_s3
+from common import UserError
+from conftest import REPO, free_port
+
+BLOCK = 64  # tokens per sample in the small dataset
+SECRET_NOT_TO_LEAK = "wrong-secret-that-must-not-leak-7c1e"
+
+
+def write_mds(out: Path, n_samples: int, block_size: int, size_limit: int, seed: int,
+              compression=None) -> np.ndarray:
+    """Write an MDS dataset like to_mds.py's (x, y = block_size tokens, y = x shifted by one); return the tokens.
+
+    Sample i is x = tokens[i*T:(i+1)*T], y = tokens[i*T+1:(i+1)*T+1] with T = block_size.
+    """
+    from streaming import MDSWriter
+
+    tokens = np.random.default_rng(seed).integers(0, 50257, size=n_samples * block_size + 1, dtype=np.uint16)
+    with MDSWriter(out=str(out), columns={"x": "ndarray:uint16", "y": "ndarray:uint16"}, size_limit=size_limit,
+                   compression=compression, progress_bar=False) as writer:
+        for i in range(n_samples):
+            window = tokens[i * block_size:(i + 1) * block_size + 1]
+            writer.write({"x": window[:-1], "y": window[1:]})
+    return tokens
+
+
+@pytest.fixture(scope="module")
+def small_mds(tmp_path_factory):
+    """mds/train (about 8 shards) + mds/val (2 shards) + a side file; returns (folder, {split: tokens})."""
+    root = tmp_path_factory.mktemp("small") / "mds"
+    tokens = {"train": write_mds(root / "train", 2000, BLOCK, 1 << 16, seed=1),
+              "val": write_mds(root / "val", 300, BLOCK, 1 << 16, seed=2)}
+    (root / "to_mds.json").write_text(json.dumps({"block_size": BLOCK, "dtype": "uint16"}))
+    return root, tokens
+
+
+@pytest.fixture(scope="module")
+def big_mds(tmp_path_factory):
+    """big/train: 14 shards of about 6 MB (multipart with 5 MB parts), for the interrupted-upload test."""
+    root = tmp_path_factory.mktemp("big") / "big"
+    write_mds(root / "train", 14 * 1500, 1024, 6 << 20, seed=3)
+    return root
+
+
+def unique_prefix(name: str) -> str:
+    return f"{name}-{uuid.uuid4().hex[:8]}"
+
+
+def local_files(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def server_files(s3, prefix: str) -> dict[str, bytes]:
+    """What the server holds under the prefix, read from the folder it serves."""
+    return local_files(s3.root / s3.bucket / prefix) if (s3.root / s3.bucket / prefix).is_dir() else {}
+
+
+def upload(capsys, *args: str) -> tuple[int, int, str]:
+    """Run upload_s3.main in-process; return (files uploaded, files skipped, summary line)."""
+    assert upload_s3.main([str(a) for a in args]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    m = re.match(r"(?:dry run: would )?upload(?:ed)? (\d+) files .*skip(?:ped)? (\d+) unchanged", line)
+    assert m, line
+    return int(m.group(1)), int(m.group(2)), line
+
+
+def record_requests(monkeypatch) -> list[tuple[str, str, str]]:
+    """Record ('start'|'done', operation, key) for every S3 call upload_s3 makes, in order."""
+    calls = []
+    real_make_client = upload_s3.make_client
+
+    def make_client(endpoint_url, workers):
+        client, key_id = real_make_client(endpoint_url, workers)
+
+        def before(params, model, context, **kwargs):
+            context["recorded_key"] = params.get("Key", "")
+            calls.append(("start", model.name, params.get("Key", "")))
+
+        def after(model, context, **kwargs):
+            calls.append(("done", model.name, context.get("recorded_key", "")))
+
+        client.meta.events.register("before-parameter-build.s3", before)
+        client.meta.events.register("after-call.s3", after)
+        return client, key_id
+
+    monkeypatch.setattr(upload_s3, "make_client", make_client)
+    return calls
+
+
+# --- upload, idempotence, order ----------------------------------------------------------------------------
+
+
+def test_upload_puts_every_file_and_rerun_skips_everything(s3_env, small_mds, capsys):
+    root, _ = small_mds
+    prefix = unique_prefix("rerun")
+    n_files = len(local_files(root))
+    uploaded, skipped, line = upload(capsys, root, f"s3://{s3_env.bucket}/{prefix}", "--workers", "4")
+    assert (uploaded, skipped) == (n_files, 0)
+    assert f"verified {n_files} objects" in line and "MB/s" in line
+    assert server_files(s3_env, prefix) == local_files(root)  # byte for byte, same layout
+
+    uploaded, skipped, line = upload(capsys, root, f"s3://{s3_env.bucket}/{prefix}/")
+    assert (uploaded, skipped) == (0, n_files)
+    assert f"verified {n_files} objects" in line
+
+
+def test_index_json_goes_up_after_every_shard_it_lists(s3_env, small_mds, capsys, monkeypatch):
+    root, _ = small_mds
+    calls = record_requests(monkeypatch)
+    prefix = unique_prefix("order")
+    upload(capsys, root, f"s3://{s3_env.bucket}/{prefix}", "--workers", "8")
+    puts = [(i, what, key) for i, (what, op, key) in enumerate(calls) if op == "PutObject"]
+    index_starts = [i for i, what, key in puts if what == "start" and key.endswith("/index.json")]
+    other_dones = [i for i, what, key in puts if what == "done" and not key.endswith("/index.json")]
+    assert len(index_starts) == 2 and len(other_dones) == len(local_files(root)) - 2
+    assert min(index_starts) > max(other_dones)
+
+
+def test_same_size_changed_shard_is_replaced_after_its_old_index_is_deleted(s3_env, small_mds, tmp_path, capsys,
+                                                                            monkeypatch):
+    root = tmp_path / "mds"
+    shutil.copytree(small_mds[0], root)
+    prefix = unique_prefix("changed")
+    upload(capsys, root, f"s3://{s3_env.bucket}/{prefix}")
+    shard = root / "train" / "shard.00003.mds"
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF  # same size, other content: only the checksum can tell
+    shard.write_bytes(bytes(data))
+
+    calls = record_requests(monkeypatch)
+    uploaded, skipped, _ = upload(capsys, root, f"s3://{s3_env.bucket}/{prefix}")
+    # the shard, and train/index.json: deleted before the shard went up, so it goes up again last
+    assert uploaded == 2 and skipped == len(local_files(root)) - 2
+    assert server_files(s3_env, prefix) == local_files(root)
+    ops = [(what, op, key.split(f"{prefix}/")[-1]) for what, op, key in calls if op in ("PutObject", "DeleteObject")]
+    assert ops == [("start", "DeleteObject", "train/index.json"), ("done", "DeleteObject", "train/index.json"),
+                   ("start", "PutObject", "train/shard.00003.mds"), ("done", "PutObject", "train/shard.00003.mds"),
+                   ("start", "PutObject", "train/index.json"), ("done", "PutObject", "train/index.json")]
+
+
+def test_dry_run_reports_and_changes_nothing(s3_env, small_mds, capsys, monkeypatch):
+    root, _ = small_mds
+    prefix = unique_prefix("dry")
+    uploaded, skipped, line = upload(capsys, root, f"s3://{s3_env.bucket}/{prefix}", "--dry-run")
+    assert (uploaded, skipped) == (len(local_files(root)), 0) and "nothing was changed" in line
+    assert server_files(s3_env, prefix) == {}
+
+
+def test_killed_upload_resumes_to_a_complete_dataset(s3_env, big_mds, tmp_path, capsys):
+    prefix = unique_prefix("killed")
+    shards = {p.name: p.stat().st_size for p in (big_mds / "train").glob("shard.*")}
+    served = s3_env.root / s3_env.bucket / prefix / "train"
+    proc = subprocess.Popen([sys.executable, str(REPO / "upload_s3.py"), str(big_mds), f"s3://{s3_env.bucket}/{prefix}",
+                             "--workers", "1", "--part-size-mb", "5"], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 60
+    try:  # kill it hard as soon as one whole shard is on the server
+        while not any(p.name in shards and p.stat().st_size == shards[p.name] for p in served.glob("shard.*")):
+            assert proc.poll() is None and time.time() < deadline, "the upload ended before it could be killed"
+            time.sleep(0.005)
+    finally:
+        proc.kill()
+        proc.wait()
+    done = {p.name for p in served.glob("shard.*") if p.stat().st_size == shards[p.name]}
+    assert 1 <= len(done) < len(shards)
+    assert not (served / "index.json").exists()  # a reader finds no dataset rather than a broken one
+
+    uploaded, skipped, line = upload(capsys, big_mds, f"s3://{s3_env.bucket}/{prefix}", "--workers", "2",
+                                     "--part-size-mb", "5")
+    assert skipped >= len(done) and uploaded == len(shards) + 1 - skipped
+    assert server_files(s3_env, prefix) == local_files(big_mds)
+
+
+def test_streaming_reads_back_every_token(s3_env, small_mds, tmp_path, capsys):
+    from streaming import StreamingDataset
+    from streaming.base.util import clean_stale_shared_memory
+
+    root, tokens = small_mds
+    prefix = unique_prefix("stream")
+    upload(capsys, root, f"s3://{s3_env.bucket}/{prefix}")
+    clean_stale_shared_memory()
+    for split in ("train", "val"):
+        dataset = StreamingDataset(remote=f"s3://{s3_env.bucket}/{prefix}/{split}", local=str(tmp_path / split),
+                                   shuffle=False, batch_size=1)
+        n = (len(tokens[split]) - 1) // BLOCK
+        assert len(dataset) == n
+        x = np.stack([np.asarray(dataset[i]["x"]) for i in range(n)])
+        y = np.stack([np.asarray(dataset[i]["y"]) for i in range(n)])
+        np.testing.assert_array_equal(x.reshape(-1), tokens[split][:-1])
+        np.testing.assert_array_equal(y.reshape(-1), tokens[split][1:])
+
+
+# --- verification ----------------------------------------------------------------------------------------------
+
+
+def test_verify_reports_a_damaged_object_and_a_rerun_repairs_it(s3_env, small_mds, capsys):
+    root, _ = small_mds
+    prefix = unique_prefix("damaged")
+    upload(capsys, root, f"s3://{s3_env.bucket}/{prefix}")
+    victim = s3_env.root / s3_env.bucket / prefix / "val" / "shard.00000.mds"
+    victim.write_bytes(victim.read_bytes()[:-10])  # damaged behind the uploader's back
+
+    files = upload_s3.collect_files(root)
+    with pytest.raises(UserError, match=r"verification failed for 1 of .*val/shard.00000.mds is \d+ bytes"):
+        upload_s3.verify(s3_env.client(), s3_env.bucket, prefix, files, upload_s3.Result())
+    uploaded, _, _ = upload(capsys, root, f"s3://{s3_env.bucket}/{prefix}")
+    assert uploaded == 2  # the shard, and val/index.json after it
+    assert server_files(s3_env, prefix) == local_files(root)
+
+
+# --- refusing what is not an MDS dataset -----------------------------------------------------------------------
+
+
+def test_folder_without_index_is_refused_unless_any_folder(s3_env, tmp_path, capsys):
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "a.txt").write_text("hello")
+    (folder / ".hidden.tmp").write_text("half-written")
+    with pytest.raises(UserError, match=r"is not an MDS dataset: no index.json .*--any-folder"):
+        upload_s3.main([str(folder), f"s3://{s3_env.bucket}/x"])
+    prefix = unique_prefix("any")
+    uploaded, _, _ = upload(capsys, folder, f"s3://{s3_env.bucket}/{prefix}", "--any-folder")
+    assert uploaded == 1 and server_files(s3_env, prefix) == {"a.txt": b"hello"}  # hidden files stay home
+
+
+def test_dataset_with_a_missing_shard_is_refused(small_mds, tmp_path):
+    root = tmp_path / "mds"
+    shutil.copytree(small_mds[0], root)
+    (root / "train" / "shard.00002.mds").unlink()
+    with pytest.raises(UserError, match=r"lists shard 'train/shard.00002.mds', which is missing"):
+        upload_s3.main([str(root), "s3://bucket/x"])
+
+
+def test_compressed_dataset_needs_its_compressed_shards(tmp_path):
+    write_mds(tmp_path / "z", 300, BLOCK, 1 << 15, seed=4, compression="zstd:1")
+    assert len(upload_s3.collect_files(tmp_path / "z")) > 2  # index + .zstd shards: accepted
+    next((tmp_path / "z").glob("*.zstd")).unlink()
+    with pytest.raises(UserError, match=r"lists shard 'shard.0000\d.mds.zstd', which is missing"):
+        upload_s3.collect_files(tmp_path / "z")
+
+
+def test_stray_files_beside_datasets_are_refused(small_mds, tmp_path):
+    root = tmp_path / "mds"
+    shutil.copytree(small_mds[0], root)
+    (root / "logs").mkdir()
+    (root / "logs" / "run.log").write_text("x")
+    with pytest.raises(UserError, match=r"run.log is not part of an MDS dataset"):
+        upload_s3.collect_files(root)
+
+
+@pytest.mark.parametrize("url", ["my-bucket/x", "s3:///x", "gs://b/x"])
+def test_remote_must_be_an_s3_url(url):
+    with pytest.raises(UserError, match="s3://bucket/prefix"):
+        upload_s3.parse_s3_url(url)
+
+
+def test_s3_url_prefix_is_normalised():
+    assert upload_s3.parse_s3_url("s3://b/some/prefix/") == ("b", "some/prefix")
+    assert upload_s3.parse_s3_url("s3://b") == ("b", "")
+    assert upload_s3.object_key("", "train/index.json") == "train/index.json"
+
+
+# --- credentials and faults --------------------------------------------------------------------------------------
+
+
+def test_wrong_secret_is_one_clear_line_and_never_shows_the_secret(s3_server, small_mds, tmp_path):
+    env = {**s3_server.env(), "AWS_SECRET_ACCESS_KEY": SECRET_NOT_TO_LEAK, "PATH": "/usr/bin:/bin",
+           "HOME": str(tmp_path)}
+    proc = subprocess.run([sys.executable, str(REPO / "upload_s3.py"), str(small_mds[0]),
+                           f"s3://{s3_server.bucket}/wrong"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: wrong credentials")
+    assert "AWS_SECRET_ACCESS_KEY" in proc.stderr
+    assert SECRET_NOT_TO_LEAK not in proc.stderr + proc.stdout
+
+
+def test_wrong_access_key_id_names_it(s3_env, small_mds, monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "nobody-knows-this-key")
+    with pytest.raises(UserError, match=r"wrong credentials: .*access key id \*\*\*\*-key; check AWS_ACCESS_KEY_ID"):
+        upload_s3.main([str(small_mds[0]), f"s3://{s3_env.bucket}/x"])
+
+
+def test_missing_bucket_is_named(s3_env, small_mds):
+    with pytest.raises(UserError, match=r"bucket 'no-such-bucket' does not exist at http://127.0.0.1:\d+: create it"):
+        upload_s3.main([str(small_mds[0]), "s3://no-such-bucket/x"])
+
+
+def test_unreachable_endpoint_stops_after_bounded_retries(s3_env, small_mds, monkeypatch):
+    calls = record_requests(monkeypatch)
+    attempts = []
+    real_make_client = upload_s3.make_client
+
+    def counting_make_client(endpoint_url, workers):
+        client, key_id = real_make_client(endpoint_url, workers)
+        client.meta.events.register("before-send.s3", lambda **kwargs: attempts.append(1))
+        return client, key_id
+
+    monkeypatch.setattr(upload_s3, "make_client", counting_make_client)
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "3")
+    closed = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(UserError, match=rf"cannot reach the S3 endpoint {closed} after 3 attempts"):
+        upload_s3.main([str(small_mds[0]), f"s3://{s3_env.bucket}/x", "--endpoint-url", closed])
+    assert len(attempts) == 3 and calls == [("start", "ListObjectsV2", "")]
+
+
+def test_missing_credentials_are_named(s3_env, small_mds, tmp_path, monkeypatch):
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.chdir(tmp_path)  # no .env here
+    with pytest.raises(UserError, match=r"no usable AWS credentials .*AWS_ACCESS_KEY_ID.*\.env"):
+        upload_s3.main([str(small_mds[0]), f"s3://{s3_env.bucket}/x"])
+
+
+def test_credentials_come_from_dotenv_in_the_working_directory(s3_env, small_mds, tmp_path, capsys, monkeypatch):
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(name, "placeholder")  # so that monkeypatch restores what .env is about to set
+        monkeypatch.delenv(name)
+    (tmp_path / ".env").write_text(f"AWS_ACCESS_KEY_ID={s3_env.access_key}\n"
+                                   f"AWS_SECRET_ACCESS_KEY={s3_env.secret_key}\n")
+    monkeypatch.chdir(tmp_path)
+    prefix = unique_prefix("dotenv")
+    uploaded, _, _ = upload(capsys, small_mds[0], f"s3://{s3_env.bucket}/{prefix}")
+    assert uploaded == len(local_files(small_mds[0]))
+
+
+def client_error(code: str, status: int, op: str = "ListObjectsV2"):
+    from botocore.exceptions import ClientError
+
+    return ClientError({"Error": {"Code": code, "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": status}}, op)
+
+
+@pytest.mark.parametrize("code,status,op,expected", [
+    ("AccessDenied", 403, "ListObjectsV2", r"^access denied to s3://b/p at http://e \(ListObjectsV2\): .*s3:PutObject"),
+    ("403", 403, "HeadObject", r"^access denied to s3://b/p at http://e \(HeadObject\)"),
+    ("InvalidAccessKeyId", 403, "ListObjectsV2", r"^wrong credentials: .*\*\*\*\*ABCD; check AWS_ACCESS_KEY_ID"),
+    ("SignatureDoesNotMatch", 403, "PutObject", r"^wrong credentials: .*check AWS_SECRET_ACCESS_KEY"),
+    ("ExpiredToken", 400, "ListObjectsV2", r"^the credentials have expired"),
+    ("NoSuchBucket", 404, "ListObjectsV2", r"^bucket 'b' does not exist at http://e: create it"),
+    ("PermanentRedirect", 301, "ListObjectsV2", r"^bucket 'b' is in another region .*AWS_DEFAULT_REGION"),
+    ("SlowDown", 503, "PutObject", r"^the store at http://e kept failing PutObject .* after 5 attempts"),
+])
+def test_store_errors_name_the_cause_and_the_fix(code, status, op, expected):
+    text = upload_s3.describe_client_error(client_error(code, status, op), "b", "s3://b/p", " at http://e", 5,
+                                           "****ABCD")
+    assert re.search(expected, text), text
+    assert "\n" not in text
+
+
+# --- multipart ETags (not an MD5), as AWS S3 gives them: moto, since rclone's ETag is always the MD5 --------------
+
+
+def test_multipart_objects_compare_by_stored_md5(tmp_path, capsys, monkeypatch):
+    import boto3
+    from boto3.s3.transfer import TransferConfig
+    from moto import mock_aws
+
+    for name in ("AWS_ENDPOINT_URL", "S3_ENDPOINT_URL", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    folder = tmp_path / "blobs"
+    folder.mkdir()
+    (folder / "big.bin").write_bytes(np.random.default_rng(5).bytes(6 << 20))  # two 5 MB parts
+    with mock_aws():
+        client = boto3.client("s3", region_name="us-east-1")
+        client.create_bucket(Bucket="aws-like")
+        # the same bytes put there by another tool: a multipart ETag and no md5chksum, so it cannot be trusted
+        client.upload_file(str(folder / "big.bin"), "aws-like", "p/big.bin",
+                           Config=TransferConfig(multipart_threshold=5 << 20, multipart_chunksize=5 << 20))
+        assert client.head_object(Bucket="aws-like", Key="p/big.bin")["ETag"].endswith('-2"')
+
+        args = (folder, "s3://aws-like/p", "--any-folder", "--part-size-mb", "5")
+        uploaded, skipped, line = upload(capsys, *args)
+        assert (uploaded, skipped) == (1, 0) and "(1 by MD5" in line
+        head = client.head_object(Bucket="aws-like", Key="p/big.bin")
+        assert head["ETag"].endswith('-2"') and head["Metadata"] == {"md5chksum": upload_s3.b64(
+            upload_s3.file_md5(folder / "big.bin"))}
+
+        uploaded, skipped, line = upload(capsys, *args)
+        assert (uploaded, skipped) == (0, 1) and "(1 by MD5" in line
+
+
+def test_env_example_holds_only_placeholders():
+    from dotenv import dotenv_values
+
+    values = dotenv_values(REPO / ".env.example")
+    assert {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "DATA_REMOTE"} <= set(values)
+    assert values["AWS_SECRET_ACCESS_KEY"].startswith("replace-with") and "S3_ENDPOINT_URL" not in values
+    upload_s3.parse_s3_url(values["DATA_REMOTE"])
+
+
+def test_bad_max_attempts_is_named(s3_env, small_mds, monkeypatch):
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "many")
+    with pytest.raises(UserError, match=r"AWS_MAX_ATTEMPTS='many' is not a whole number"):
+        upload_s3.main([str(small_mds[0]), f"s3://{s3_env.bucket}/x"])
