@@ -59,6 +59,12 @@ def big_mds(tmp_path_factory):
     return root
 
 
+@pytest.fixture(autouse=True)
+def empty_working_directory(tmp_path, monkeypatch):
+    """upload_s3 reads .env from the working directory: run each test in an empty one, whatever the repo holds."""
+    monkeypatch.chdir(tmp_path)
+
+
 def unique_prefix(name: str) -> str:
     return f"{name}-{uuid.uuid4().hex[:8]}"
 
@@ -327,7 +333,6 @@ def test_missing_credentials_are_named(s3_env, small_mds, tmp_path, monkeypatch)
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    monkeypatch.chdir(tmp_path)  # no .env here
     with pytest.raises(UserError, match=r"no usable AWS credentials .*AWS_ACCESS_KEY_ID.*\.env"):
         upload_s3.main([str(small_mds[0]), f"s3://{s3_env.bucket}/x"])
 
