@@ -19,3 +19,6 @@ quickstart: install
 
 bench: install-dev
 	$(PYTHON) bench/bench_prepare_data.py
+	$(PYTHON) bench/bench_to_mds.py
+	$(PYTHON) bench/bench_upload_s3.py
+	$(PYTHON) bench/bench_train.py
