@@ -10,7 +10,8 @@ Usage:
 Configuration: `TrainConfig` below is the one list of settings (nanoGPT's names). Config files
 (config/*.py) are plain Python assignments `name = value`, read with runpy; a file may set
 `base = "pile.py"` to start from another file (a path relative to its own folder). Files apply in the
-order given, then `--key=value` arguments; unknown keys and wrong types are errors. Values are Python
+order given, then `--key=value` arguments (setting data_dir drops an earlier data_remote and the other
+way round); unknown keys and wrong types are errors. Values are Python
 literals (`--bias=False`, `--data_remote="['s3://a/mds', 's3://b/mds']"`, `--run_name=None`); anything
 that is not a literal stays a string (`--max_duration=10ba`). `.env` in the working directory is loaded
 first, so config files can read S3 settings and paths from the environment.
@@ -37,6 +38,7 @@ Re-running with autoresume=True continues from the last checkpoint, data positio
 from __future__ import annotations
 
 import ast
+import ctypes
 import dataclasses
 import difflib
 import hashlib
@@ -91,14 +93,14 @@ class TrainConfig:
     bias: bool = True  # biases in Linear and LayerNorm, like GPT-2
     # data
     data_dir: Optional[str] = None  # local folder: prepare_data's train.bin/val.bin, or MDS train/ and val/
-    data_remote: Union[str, list[str], None] = None  # MDS root(s) with train/ (+ val/): local or s3://...; a list = several streams
+    data_remote: Union[str, list[str], None] = None  # MDS root with train/ (+ val/), local or s3://; a list: streams
     data_local: str = "data/mds_cache"  # local cache of remote MDS shards (one subfolder per root and split)
     data_format: str = "auto"  # "auto" (look inside data_dir), "bin" or "mds"
     num_workers: int = 0  # DataLoader worker processes per rank (0 = load in the training process)
     # batch
     global_batch_size: int = 480  # sequences per optimizer step over all ranks (x block_size tokens)
-    device_train_microbatch_size: Union[int, str] = 12  # sequences per forward/backward per device; "auto" (GPU only) finds the largest that fits
-    device_eval_batch_size: Optional[int] = None  # sequences per eval batch per device; None = the train microbatch (8 with "auto")
+    device_train_microbatch_size: Union[int, str] = 12  # sequences per forward/backward per device; "auto" (GPU)
+    device_eval_batch_size: Optional[int] = None  # eval sequences per batch per device; None = the train microbatch
     # optimizer and schedule
     learning_rate: float = 6e-4  # peak learning rate, reached after warmup
     min_lr: float = 6e-5  # learning rate at the end of the cosine decay
@@ -119,6 +121,7 @@ class TrainConfig:
     compile: bool = False  # torch.compile the model
     fsdp: bool = False  # shard parameters, gradients and optimizer state over GPUs (FSDP FULL_SHARD)
     seed: int = 1337  # seeds model init, data order and dropout
+    cpu_malloc_tune: bool = True  # on CPU with glibc: keep big freed blocks for reuse (mallopt), 2-4x faster steps
     # checkpoints and logs
     run_name: Optional[str] = None  # name of the run; None = the last config file's name (e.g. "pile")
     save_folder: str = "runs/{run_name}"  # checkpoints, export, config and logs: local folder or s3://bucket/prefix
@@ -135,7 +138,7 @@ class TrainConfig:
     tensorboard_dir: str = "tb_logs/{run_name}"  # TensorBoard folder
     mlflow_log: bool = False  # log to MLflow (pip install mlflow; MLFLOW_TRACKING_URI)
     mlflow_experiment: str = "pile-gpt"  # MLflow experiment name
-    debug_batch_log: bool = False  # write each rank's per-batch sample fingerprints to batches-rank{R}.jsonl (tests)
+    debug_batch_log: bool = False  # write each rank's per-batch sample hashes to batches-rank{R}.jsonl (tests)
 
     def __post_init__(self):
         errors = []
@@ -149,7 +152,8 @@ class TrainConfig:
         if self.data_format not in ("auto", "bin", "mds"):
             errors.append(f"data_format must be 'auto', 'bin' or 'mds', got {self.data_format!r}")
         if self.data_dir is None and self.data_remote is None:
-            errors.append("no data: set data_dir (a prepare_data or to_mds folder) or data_remote (MDS, local or s3://)")
+            errors.append("no data: set data_dir (a prepare_data or to_mds folder) or data_remote (MDS, local or "
+                          "s3://)")
         if self.data_dir is not None and self.data_remote is not None:
             errors.append(f"both data_dir ({self.data_dir}) and data_remote are set: pass --data_remote=None "
                           "or --data_dir=None")
@@ -169,14 +173,15 @@ class TrainConfig:
         if self.device_eval_batch_size is not None and self.device_eval_batch_size < 1:
             errors.append(f"device_eval_batch_size must be >= 1, got {self.device_eval_batch_size}")
         # The launcher (composer -n N) sets WORLD_SIZE: one global batch must split evenly over ranks and
-        # microbatches, so that 1 or 8 devices train on exactly the same batches.
+        # microbatches, so that 1 or 8 devices train on exactly the same batches. A microbatch larger than
+        # the per-process batch just means one microbatch.
         world = int(os.environ.get("WORLD_SIZE", "1"))
+        per_rank = self.global_batch_size // world
         if self.global_batch_size % world:
             errors.append(f"global_batch_size ({self.global_batch_size}) must be divisible by the number of "
                           f"processes ({world})")
-        elif isinstance(mb, int) and mb >= 1 and (self.global_batch_size // world) % mb:
-            per_rank = self.global_batch_size // world
-            fits = [d for d in range(1, per_rank + 1) if per_rank % d == 0 and d <= mb]
+        elif isinstance(mb, int) and 1 <= mb < per_rank and per_rank % mb:
+            fits = [d for d in range(1, mb + 1) if per_rank % d == 0]
             errors.append(f"the per-process batch ({self.global_batch_size} / {world} = {per_rank}) must be a "
                           f"multiple of device_train_microbatch_size ({mb}); e.g. {fits[-1]}")
         if not 0 < self.learning_rate:
@@ -225,7 +230,7 @@ class TrainConfig:
 # Configuration: config files + --key=value, typed by TrainConfig's annotations.
 
 def config_field_types() -> dict[str, Any]:
-    return typing.get_type_hints(TrainConfig)
+    return typing.get_type_hints(TrainConfig, globalns=globals())
 
 
 def config_field_comments() -> dict[str, str]:
@@ -358,15 +363,21 @@ def load_config(argv: Sequence[str]) -> TrainConfig:
             key, raw = arg[2:].split("=", 1)
             if key not in types_:
                 raise unknown_key_error(key, f"argument {arg}")
-            values[key] = coerce_value(key, parse_cli_value(raw, types_[key]), types_[key], f"argument {arg}")
+            source = {key: coerce_value(key, parse_cli_value(raw, types_[key]), types_[key], f"argument {arg}")}
         elif arg.startswith("-"):
             raise UserError(f"unknown option {arg}: settings are --key=value, see `python train.py --help`")
         else:
             files.append(arg)
+            source = {}
             for key, value in read_config_file(arg).items():
                 if key not in types_:
                     raise unknown_key_error(key, f"config file {arg}")
-                values[key] = coerce_value(key, value, types_[key], f"config file {arg}")
+                source[key] = coerce_value(key, value, types_[key], f"config file {arg}")
+        # data_dir and data_remote are two ways to name the data: setting one replaces the other
+        for key, other in (("data_dir", "data_remote"), ("data_remote", "data_dir")):
+            if key in source and other not in source:
+                values.pop(other, None)
+        values.update(source)
     if values.get("run_name") is None and files:
         values["run_name"] = Path(files[-1]).stem
     try:
@@ -752,10 +763,15 @@ class MetricsLog(LoggerDestination):
             "throughput/device/mfu": "mfu", "metrics/val/LanguageCrossEntropy": "val_loss",
             "metrics/val/LanguagePerplexity": "val_ppl", "lr-AdamW/group0": "lr"}
 
-    def __init__(self, path: str, log_interval: int, print_steps: bool):
+    def __init__(self, path: str, log_interval: int, print_steps: bool, remote_name: Optional[str] = None):
         self.path, self.log_interval, self.print_steps = path, log_interval, print_steps
+        self.remote_name = remote_name  # object key to upload the file to at the end (S3 save_folder)
         self.row: dict[str, Any] = {}
         self.t0 = time.time()
+
+    def fit_end(self, state: State, logger: Logger) -> None:
+        if self.remote_name and dist.get_global_rank() == 0 and os.path.isfile(self.path):
+            logger.upload_file(self.remote_name, self.path, overwrite=True)
 
     def log_metrics(self, metrics: dict[str, float], step: Optional[int] = None) -> None:
         for key, value in metrics.items():
@@ -798,6 +814,25 @@ class BatchFingerprints(Callback):
 
 # ----------------------------------------------------------------------------------------------------------
 # Run folder helpers
+
+def tune_glibc_malloc() -> bool:
+    """Make glibc's malloc keep large freed blocks instead of returning them to the OS.
+
+    By default glibc serves each allocation above its mmap threshold (at most 32 MB) with a fresh mmap and
+    unmaps it on free, so the (B*T, vocab) logits and their gradients are page-faulted (zero-filled) anew
+    at every step; on CPU that can cost more than the arithmetic. M_MMAP_MAX=0 serves them from the heap,
+    and a 1 GB M_TRIM_THRESHOLD keeps the heap from shrinking between steps: the effect of jemalloc with
+    retain:true (bench/bench_train.py measures both). Returns whether it applied.
+    """
+    if not sys.platform.startswith("linux") or "jemalloc" in os.environ.get("LD_PRELOAD", ""):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # from glibc's malloc.h
+        return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 1 << 30))
+    except (OSError, AttributeError):  # not glibc (e.g. musl)
+        return False
+
 
 def existing_checkpoints(save_folder: str) -> list[str]:
     """Checkpoint files already in save_folder (local or s3://)."""
@@ -872,6 +907,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                             "e.g. --device_train_microbatch_size=8")
         if cfg.fsdp:
             raise UserError("fsdp=True needs GPUs: pass --fsdp=False on CPU")
+        if cfg.cpu_malloc_tune:
+            tune_glibc_malloc()
         if local_world > 1 and "OMP_NUM_THREADS" not in os.environ:
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))  # do not oversubscribe cores
 
@@ -911,9 +948,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     start = time.strftime("%Y%m%d-%H%M%S")
     os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
     log_file = os.path.join(run_dir, "logs", f"{start}-rank{{rank}}.txt")
-    loggers = [FileLogger(filename=log_file, remote_file_name=remote_name(f"logs/{start}-rank{{rank}}.txt")
+    if remote:  # uploads config.json, model.pt and the logs (Composer's checkpoint saver has its own uploader)
+        from composer.loggers import RemoteUploaderDownloader
+        bucket_uri = "/".join(save_folder.split("/")[:3])  # scheme://bucket
+        loggers_remote = [RemoteUploaderDownloader(bucket_uri=bucket_uri, use_procs=False)]
+    else:
+        loggers_remote = []
+    loggers = [*loggers_remote,
+               FileLogger(filename=log_file, remote_file_name=remote_name(f"logs/{start}-rank{{rank}}.txt")
                           if remote else None),
-               MetricsLog(os.path.join(run_dir, METRICS_JSONL), cfg.log_interval, print_steps=not cfg.progress_bar),
+               MetricsLog(os.path.join(run_dir, METRICS_JSONL), cfg.log_interval, print_steps=not cfg.progress_bar,
+                          remote_name=remote_name(f"logs/{start}-{METRICS_JSONL}")),
                *build_loggers(cfg)]
     callbacks = [SpeedMonitor(window_size=cfg.speed_window), LRMonitor(), RuntimeEstimator(),
                  ExportModel(cfg.save_interval, run_dir, remote_name(EXPORT_NAME))]
@@ -924,11 +969,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if cfg.debug_batch_log:
         callbacks.append(BatchFingerprints(run_dir))
 
+    microbatch = cfg.device_train_microbatch_size  # at most the per-process batch (one microbatch then)
+    if isinstance(microbatch, int):
+        microbatch = min(microbatch, cfg.global_batch_size // world_size)
     trainer = Trainer(
         model=model, train_dataloader=train_spec, eval_dataloader=evaluators,
         eval_interval=cfg.eval_interval, eval_subset_num_batches=cfg.eval_subset_num_batches,
         max_duration=cfg.max_duration, optimizers=optimizer, schedulers=scheduler, algorithms=algorithms,
-        device=device, precision=precision, device_train_microbatch_size=cfg.device_train_microbatch_size,
+        device=device, precision=precision, device_train_microbatch_size=microbatch,
         compile_config={} if cfg.compile else None,
         parallelism_config={"fsdp": {"sharding_strategy": "FULL_SHARD", "mixed_precision": "DEFAULT",
                                      "state_dict_type": "full"}} if cfg.fsdp else None,

@@ -109,8 +109,6 @@ def test_base_applies_another_file_first_relative_to_the_file(tmp_path):
 def test_cross_field_rules_are_checked():
     with pytest.raises(UserError, match=r"n_embd \(100\) must be a multiple of n_head \(3\)"):
         train.load_config([*DATA, "--n_embd=100", "--n_head=3"])
-    with pytest.raises(UserError, match="both data_dir .* and data_remote are set"):
-        train.load_config([*DATA, "--data_remote=s3://b/x"])
     with pytest.raises(UserError, match="no data"):
         train.load_config([])
     with pytest.raises(UserError, match="warmup \\(10ba\\) must use max_duration's unit"):
@@ -124,6 +122,17 @@ def test_cross_field_rules_are_checked():
         train.load_config([*DATA, "--device_train_microbatch_size=big"])
 
 
+def test_setting_data_dir_or_data_remote_replaces_the_other(tmp_path):
+    remote_file = write(tmp_path, "r.py", "data_remote = 's3://b/mds'\n")
+    cfg = train.load_config([remote_file, "--data_dir=local"])
+    assert (cfg.data_dir, cfg.data_remote) == ("local", None)
+    cfg = train.load_config([*DATA, "--data_remote=s3://b/x"])
+    assert (cfg.data_dir, cfg.data_remote) == (None, "s3://b/x")
+    both = write(tmp_path, "both.py", "data_remote = 's3://b/mds'\ndata_dir = 'd'\n")
+    with pytest.raises(UserError, match="both data_dir .* and data_remote are set"):
+        train.load_config([both])
+
+
 def test_batch_must_split_evenly_over_processes_and_microbatches(monkeypatch):
     args = [*DATA, "--global_batch_size=48", "--device_train_microbatch_size=8"]
     assert train.load_config(args).global_batch_size == 48
@@ -131,8 +140,11 @@ def test_batch_must_split_evenly_over_processes_and_microbatches(monkeypatch):
     with pytest.raises(UserError, match=r"global_batch_size \(48\) must be divisible by the number of processes \(5\)"):
         train.load_config(args)
     monkeypatch.setenv("WORLD_SIZE", "4")  # 12 per process is not a multiple of 8; 6 would be
-    with pytest.raises(UserError, match=r"\(48 / 4 = 12\) must be a multiple of device_train_microbatch_size \(8\); e.g. 6"):
+    with pytest.raises(UserError, match=r"\(48 / 4 = 12\) must be a multiple of device_train_microbatch_size "
+                                        r"\(8\); e.g. 6"):
         train.load_config(args)
+    monkeypatch.setenv("WORLD_SIZE", "8")  # 6 per process: one microbatch of 6
+    assert train.load_config(args).device_train_microbatch_size == 8
 
 
 def test_cli_syntax_errors_are_clear():
