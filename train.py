@@ -928,17 +928,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise UserError(f"{save_folder} already holds checkpoints ({found[0]}...): pass --autoresume=True to "
                             f"continue that run, --save_overwrite=True to start over, or another --run_name")
     if rank == 0:
-        os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
         print(f"train.py: {world_size} process(es) on {device}, precision {precision}; config:\n"
               + mask_secrets(config_text(cfg)), flush=True)
 
     reproducibility.seed_all(cfg.seed)  # identical initial weights on every rank
     model = ComposerGPT(cfg.model_config())
     train_spec, val_spec = build_dataloaders(cfg, world_size, rank, pin_memory=device == "gpu")
-    evaluators = None
+    evaluators, eval_interval, eval_batches = None, 1, -1  # Composer's defaults: no evaluation at all
     if val_spec is not None:
         evaluators = Evaluator(label="val", dataloader=val_spec,
                                metric_names=["LanguageCrossEntropy", "LanguagePerplexity"])
+        eval_interval, eval_batches = cfg.eval_interval, cfg.eval_subset_num_batches
+    elif rank == 0:
+        print("no validation split in the data: training without evaluation", flush=True)
 
     optimizer = torch.optim.AdamW(model.model.optim_groups(cfg.weight_decay), lr=cfg.learning_rate,
                                   betas=(cfg.beta1, cfg.beta2), fused=device == "gpu")
@@ -974,7 +976,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         microbatch = min(microbatch, cfg.global_batch_size // world_size)
     trainer = Trainer(
         model=model, train_dataloader=train_spec, eval_dataloader=evaluators,
-        eval_interval=cfg.eval_interval, eval_subset_num_batches=cfg.eval_subset_num_batches,
+        eval_interval=eval_interval, eval_subset_num_batches=eval_batches,
         max_duration=cfg.max_duration, optimizers=optimizer, schedulers=scheduler, algorithms=algorithms,
         device=device, precision=precision, device_train_microbatch_size=microbatch,
         compile_config={} if cfg.compile else None,
@@ -1002,6 +1004,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         trainer.close()
         return 0
     start_batch, start_tokens, t0 = int(state.timestamp.batch), int(state.timestamp.token), time.time()
+    if start_batch and dist.get_global_rank() == 0:
+        print(f"{cfg.run_name}: resuming from the checkpoint at batch {start_batch} ({start_tokens:,} tokens) "
+              f"in {save_folder}, training to {state.max_duration}", flush=True)
     trainer.fit()
     trainer.close()
     if dist.get_global_rank() == 0:

@@ -1,12 +1,12 @@
 """Training throughput of config/tiny.py on this machine's CPU: glibc malloc, glibc tuned, jemalloc.
 
 Usage:
-    python bench/bench_train.py                      # 2 rounds x 3 allocator set-ups, 40 batches each
+    python bench/bench_train.py                      # 3 rounds x 3 allocator set-ups, 30 batches each
     python bench/bench_train.py --batches 60 --rounds 3 --data-dir data/shakespeare
 
-Each run is a real `python train.py config/tiny.py` process; tokens/s is measured from train.py's
-metrics.jsonl between batch --skip and the last batch (so start-up, imports and the first slow steps do not
-count). Runs alternate between the set-ups so that load from other processes hits all alike; the result
+Each run is a real `python train.py config/tiny.py` process; tokens/s is tokens per batch over the median
+batch time in train.py's metrics.jsonl after batch --skip (start-up, imports and the first slow steps do
+not count; the median resists bursts of load from other processes). Runs alternate between the set-ups so that load from other processes hits all alike; the result
 is the median per set-up and its ratio to plain glibc:
     glibc           glibc malloc as it comes (train.py --cpu_malloc_tune=False)
     glibc+mallopt   train.py's default on CPU: mallopt keeps large freed blocks (see train.tune_glibc_malloc)
@@ -66,10 +66,9 @@ VARIANTS = {  # name: (extra environment, extra train.py settings)
 
 
 def run_once(data_dir: Path, work: Path, batches: int, skip: int, variant: str, extra: list[str]) -> float:
-    """Tokens/s of one train.py run between batch `skip` and the last batch."""
+    """Tokens/s of one train.py run: tokens per batch / median time of the batches after `skip`."""
     run_dir = work / f"run-{variant}-{len(list(work.iterdir()))}"
     env = dict(os.environ)
-    env.setdefault("TIKTOKEN_CACHE_DIR", str(TIKTOKEN_CACHE))
     env.update(VARIANTS[variant][0])
     cmd = [sys.executable, str(REPO / "train.py"), str(REPO / "config" / "tiny.py"), f"--data_dir={data_dir}",
            f"--max_duration={batches}ba", f"--save_folder={run_dir}", "--eval_interval=100000ba",
@@ -77,19 +76,22 @@ def run_once(data_dir: Path, work: Path, batches: int, skip: int, variant: str, 
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise UserError(f"train.py failed ({' '.join(cmd)}):\n{(proc.stdout + proc.stderr)[-3000:]}")
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    first, last = rows[skip - 1], rows[-1]
-    return (last["tokens"] - first["tokens"]) / (last["time_s"] - first["time_s"])
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][skip - 1:]
+    # The median step time resists the bursts of load that other processes put on a shared machine.
+    step = statistics.median(b["time_s"] - a["time_s"] for a, b in zip(rows, rows[1:]))
+    return (rows[1]["tokens"] - rows[0]["tokens"]) / step
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", type=Path, help="a prepare_data.py folder (default: tiny Shakespeare)")
-    parser.add_argument("--batches", type=int, default=40, help="batches per run")
+    parser.add_argument("--batches", type=int, default=30, help="batches per run")
     parser.add_argument("--skip", type=int, default=5, help="first batches not timed (warm-up)")
-    parser.add_argument("--rounds", type=int, default=2, help="runs per allocator")
+    parser.add_argument("--rounds", type=int, default=3, help="runs per set-up")
     parser.add_argument("extra", nargs="*", help="more train.py --key=value settings, after --")
     args = parser.parse_args(argv)
+    if TIKTOKEN_CACHE.is_dir():  # the offline GPT-2 BPE files, for tokenizing Shakespeare here and in train.py
+        os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(TIKTOKEN_CACHE))
     if not Path(JEMALLOC).is_file():
         raise UserError(f"{JEMALLOC} not found: apt-get install -y libjemalloc2")
     if args.skip < 1 or args.batches <= args.skip + 1:
