@@ -5,8 +5,7 @@ Usage:
     python prepare_data.py --max-tokens 1000000000 --out-dir data/pile_1b     # a 1B-token slice
     python prepare_data.py --exclude-subset "Books3" --exclude-subset "Github"  # drop Pile subsets
     python prepare_data.py --input ~/pile/train/00.jsonl.zst ~/pile/val.jsonl.zst --out-dir data/pile00
-    python prepare_data.py --input ../shared/data/tinyshakespeare/input.txt --out-dir data/shakespeare \
-        --val-fraction 0.1
+    python prepare_data.py --input ../shared/data/tinyshakespeare/input.txt --out-dir data/shakespeare
     python prepare_data.py --shard-index 3 --num-shards 8 --out-dir data/pile/part-03   # one of 8 jobs
 
 Output (in --out-dir):
@@ -763,6 +762,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "empty_documents": totals["empty"],
     }
     finish(out_dir, writer, meta)
+    if val_fraction and not totals["tokens"]["val"]:
+        print(f"note: --val-fraction {val_fraction} picked none of the {totals['documents']['train']:,} documents "
+              "(a .txt file is one document), so there is no val.bin; use more documents or a larger fraction",
+              file=sys.stderr)
     seconds = time.time() - t0
     new_tokens = sum(totals["tokens"].values()) - sum(state["tokens"].values() if state else [0])
     val = splits.get("val", {"tokens": 0, "documents": 0})
