@@ -14,7 +14,8 @@ dropout = 0.0
 bias = True
 
 # MDS written by to_mds.py (ROOT/train, ROOT/val) and pushed by upload_s3.py; a list reads several roots.
-data_remote = os.environ.get("DATA_REMOTE", "s3://my-bucket/pile/mds")
+_remote = os.environ.get("DATA_REMOTE", "s3://my-bucket/pile/mds")  # "a,b,c": several roots read as streams
+data_remote = [r.strip() for r in _remote.split(",")] if "," in _remote else _remote
 data_local = os.environ.get("DATA_LOCAL", "/tmp/pile-gpt/mds_cache")  # shard cache on local disk
 num_workers = 8
 

@@ -207,3 +207,9 @@ def test_small_configs_are_valid_for_cpu():
     for name in ("tiny", "quickstart"):
         cfg = train.load_config([str(REPO / "config" / f"{name}.py")])
         assert isinstance(cfg.device_train_microbatch_size, int) and cfg.precision == "auto" and not cfg.fsdp
+
+
+def test_pile_config_reads_several_comma_separated_remotes_as_streams(monkeypatch):
+    monkeypatch.setenv("DATA_REMOTE", "s3://bucket/parts/part-00, s3://bucket/parts/part-01")
+    cfg = train.load_config([str(REPO / "config" / "pile.py")])
+    assert cfg.data_remote == ["s3://bucket/parts/part-00", "s3://bucket/parts/part-01"]
