@@ -457,8 +457,8 @@ def detect_format(cfg: TrainConfig) -> str:
         return "mds"
     root = Path(cfg.data_dir)
     if not root.is_dir():
-        raise UserError(f"data_dir {root} not found: make it with prepare_data.py --out-dir {root} "
-                        f"(and to_mds.py for MDS), or pass --data_dir=FOLDER")
+        raise UserError(f"data_dir {root} not found: make it with prepare_data.py --out-dir {root} (.bin) or "
+                        f"to_mds.py --out {root} (MDS), or pass --data_dir=FOLDER")
     has_bin, has_mds = (root / "train.bin").is_file(), (root / "train" / "index.json").is_file()
     if cfg.data_format == "bin" or (cfg.data_format == "auto" and has_bin):
         if not has_bin:
@@ -926,7 +926,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         found = existing_checkpoints(save_folder)
         if found:
             raise UserError(f"{save_folder} already holds checkpoints ({found[0]}...): pass --autoresume=True to "
-                            f"continue that run, --save_overwrite=True to start over, or another --run_name")
+                            f"continue that run, --save_overwrite=True to start over, or another --run_name/--save_folder")
     if rank == 0:
         print(f"train.py: {world_size} process(es) on {device}, precision {precision}; config:\n"
               + mask_secrets(config_text(cfg)), flush=True)
