@@ -11,9 +11,9 @@ Configuration: `TrainConfig` below is the one list of settings (nanoGPT's names)
 (config/*.py) are plain Python assignments `name = value`, read with runpy; a file may set
 `base = "pile.py"` to start from another file (a path relative to its own folder). Files apply in the
 order given, then `--key=value` arguments (setting data_dir drops an earlier data_remote and the other
-way round); unknown keys and wrong types are errors. Values are Python
-literals (`--bias=False`, `--data_remote="['s3://a/mds', 's3://b/mds']"`, `--run_name=None`); anything
-that is not a literal stays a string (`--max_duration=10ba`). `.env` in the working directory is loaded
+way round); unknown keys and wrong types are errors. Values are Python literals (`--bias=False`,
+`--data_remote="['s3://a/mds', 's3://b/mds']"`, `--run_name=None`); anything that is not a literal stays
+a string (`--max_duration=10ba`). `.env` in the working directory is loaded
 first, so config files can read S3 settings and paths from the environment.
 
 Data (a batch is {"x": LongTensor (B, T), "y": LongTensor (B, T)}, y = x shifted by one token):
@@ -31,8 +31,10 @@ Outputs (save_folder, local or s3://; default runs/{run_name}):
     model.pt                                  weights-only export for sample.py (same schedule)
     config.json                               the final config, library versions, git commit
     metrics.jsonl                             one JSON line per batch: loss, lr, tokens, throughput, val loss
-    logs/{start time}-rank{R}.txt             Composer's file log (S3 runs keep these files in runs/{run_name})
-Re-running with autoresume=True continues from the last checkpoint, data position included.
+    logs/{start time}-rank{R}.txt             Composer's file log, one per process and start
+With an s3:// save_folder, config.json, model.pt, metrics.jsonl and the logs are written to runs/{run_name}
+locally and uploaded (metrics as logs/{start time}-metrics.jsonl). Re-running with autoresume=True continues
+from the last checkpoint, data position included (metrics.jsonl then repeats the batches after it).
 """
 
 from __future__ import annotations
