@@ -52,8 +52,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    train = [(r["batch"], r["loss"]) for r in rows if "loss" in r]
-    val = [(r["batch"], r["val_loss"]) for r in rows if "val_loss" in r]
+    # A resumed run repeats the batches after its last checkpoint: the last row of each batch wins.
+    train = sorted({r["batch"]: r["loss"] for r in rows if "loss" in r}.items())
+    val = sorted({r["batch"]: r["val_loss"] for r in rows if "val_loss" in r}.items())
     xs, ys = zip(*train)
     smooth = moving_average(list(ys), WINDOW)
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)

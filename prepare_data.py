@@ -576,7 +576,7 @@ def tokenize(files: list[SourceFile], writer: Writer, pipeline: Pipeline, max_to
         if result is None:
             writer.file_done()
             progress.set_postfix_str(f"files {writer.done['files_done']}/{len(files)} "
-                                     f"docs {sum(writer.pending['documents'].values()):,}")
+                                     f"docs {sum(writer.pending['documents'].values()):,}", refresh=False)
             return False
         reached = writer.write(result, max_tokens)
         progress.update(len(result["train"]) + len(result["val"]))
@@ -712,7 +712,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               f"({writer.done['tokens']['train']:,} train tokens)", file=sys.stderr)
     t0 = time.time()
     progress = tqdm(total=args.max_tokens, initial=sum(writer.done["tokens"].values()), unit="tok",
-                    unit_scale=True, desc="tokenizing", dynamic_ncols=True, file=sys.stderr)
+                    unit_scale=True, desc="tokenizing", dynamic_ncols=True, file=sys.stderr,
+                    mininterval=0.5 if sys.stderr.isatty() else 30)  # a log file gets a line per 30 s
     pipeline = Pipeline(min(args.num_proc, 64), settings)
     previous_term = signal.signal(signal.SIGTERM, _raise_interrupt)  # preemption: stop as cleanly as Ctrl-C
     try:
