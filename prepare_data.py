@@ -46,7 +46,7 @@ import signal
 import sys
 import time
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
@@ -186,8 +186,6 @@ def open_binary(src: SourceFile):
         raw = open(src.url, "rb")
     lower = src.name.lower()
     if lower.endswith((".zst", ".zstd")):
-        import zstandard
-
         return io.BufferedReader(ZstdReader(raw), buffer_size=CHUNK_BYTES)
     if lower.endswith(".gz"):
         return gzip.GzipFile(fileobj=raw, mode="rb")

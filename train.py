@@ -53,11 +53,10 @@ import re
 import runpy
 import subprocess
 import sys
-import tempfile
 import time
 import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 

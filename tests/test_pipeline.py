@@ -2,7 +2,6 @@
 upload_s3.py -> `composer train.py` reading the shards from a real S3 server -> sample.py."""
 
 import json
-import os
 import subprocess
 import sys
 
@@ -37,7 +36,8 @@ def test_text_to_tokens_to_mds_to_s3_to_training_to_samples(s3_env, tmp_path):
     # 2. MDS shards of 32-token samples; 3. uploaded to the S3 server (index.json last, verified).
     out = cli(py, REPO / "to_mds.py", "--bin", tokens_dir, "--out", mds_dir, "--block-size", 32)
     n_train = (len(train_tokens) - 1) // 32
-    assert json.loads((mds_dir / "train" / "index.json").read_text())["shards"]
+    index = json.loads((mds_dir / "train" / "index.json").read_text())
+    assert sum(shard["samples"] for shard in index["shards"]) == n_train and f"{n_train:,} samples" in out
     remote = f"s3://{s3_env.bucket}/pipeline/mds"
     cli(py, REPO / "upload_s3.py", mds_dir, remote)
     keys = {o["Key"] for o in s3_env.client().list_objects_v2(Bucket=s3_env.bucket, Prefix="pipeline/mds/")["Contents"]}
@@ -45,7 +45,7 @@ def test_text_to_tokens_to_mds_to_s3_to_training_to_samples(s3_env, tmp_path):
 
     # 4. Train from S3 with the real composer launcher for 6 batches, evaluating at the end.
     run_dir = tmp_path / "run"
-    out = cli(py, "-m", "composer.cli.launcher", "-n", 1, REPO / "train.py", REPO / "config" / "tiny.py",
+    cli(py, "-m", "composer.cli.launcher", "-n", 1, REPO / "train.py", REPO / "config" / "tiny.py",
               f"--data_remote={remote}", f"--data_local={tmp_path / 'cache'}",
               "--block_size=32", "--n_embd=32", "--global_batch_size=4", "--device_train_microbatch_size=4",
               "--max_duration=6ba", "--eval_interval=6ba", "--save_interval=6ba", "--warmup=2ba",
