@@ -1,6 +1,7 @@
 # A tiny GPT that trains in seconds on a CPU: smoke tests, debugging, the golden-loss test.
-#   python prepare_data.py --input ../shared/data/tinyshakespeare/input.txt --out-dir data/shakespeare \
-#       --val-fraction 0.1
+#   python prepare_data.py --input ../shared/data/tinyshakespeare/input.txt --out-dir data/shakespeare
+#   (one .txt file is one document, so this gives no val split and no evaluation; give prepare_data a
+#   .jsonl of many documents and a --val-fraction to evaluate)
 #   python train.py config/tiny.py                      # or: composer -n 2 train.py config/tiny.py
 # Most of its 3.3M parameters are the 50257 x 64 token embedding, and most of its time goes to the
 # (8 x 64, 50257) logits; see bench/bench_train.py for its speed.
