@@ -35,6 +35,17 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
+@pytest.fixture
+def one_torch_thread():
+    """Tiny models run fastest on one thread; two threads on a busy 2-core machine spin and crawl (20x)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -10,13 +10,7 @@ from model import EXPORT_FORMAT, GPT, GPTConfig, load_export, save_export
 TINY = dict(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32, dropout=0.0)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread; two threads on a busy 2-core machine spin and crawl (20x)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def tiny_model(seed: int = 0, **overrides) -> GPT:

@@ -20,13 +20,7 @@ from conftest import REPO
 CONFIG = dict(block_size=32, vocab_size=50257, n_layer=2, n_head=2, n_embd=16)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread; two threads on a busy 2-core machine spin and crawl."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
