@@ -1,9 +1,10 @@
 """Tests of to_mds.py: .bin -> MDS shards -> StreamingDataset, locally and through a real S3 server.
 
-The .bin fixtures are written here with numpy plus a meta.json that follows prepare_data.py's contract
-(tiny Shakespeare tokenized with tiktoken's GPT-2 BPE, or synthetic tokens), so these tests do not depend
+The .bin fixtures are written with data.write_token_files, the contract prepare_data.py writes through
+(tiny Shakespeare tokenized with the repo's GPT-2 BPE, or synthetic tokens), so these tests do not depend
 on prepare_data.py. Every StreamingDataset gets a fresh `local` folder: Streaming names its shared memory
-after that folder.
+after that folder. S3 uploads are watched through botocore's event hooks on the client storage.make_client
+returns: every S3 request of to_mds goes through it.
 """
 
 import json
@@ -17,8 +18,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import storage
 import to_mds
 from common import run_main
+from conftest import SHAKESPEARE
+from data import Meta, write_token_files
 
 REPO = Path(__file__).resolve().parents[1]
 T = 64  # block size of most tests: small, so the tiny data still makes thousands of samples
@@ -28,25 +32,23 @@ T = 64  # block size of most tests: small, so the tiny data still makes thousand
 
 
 def write_bin(folder: Path, splits: dict, meta: bool = True, dtype: str = "uint16", vocab: int = 50257) -> Path:
-    """Write split.bin files (and a prepare_data-style meta.json) into `folder`."""
+    """Write split.bin files and their meta.json into `folder` (data.write_token_files); meta=False: a bare .bin."""
+    if meta:
+        write_token_files(folder, splits, vocab_size=vocab, dtype=dtype, sources=["test"])
+        return folder
     folder.mkdir(parents=True, exist_ok=True)
     for name, tokens in splits.items():
         np.asarray(tokens, dtype=dtype).tofile(folder / f"{name}.bin")
-    if meta:
-        info = {name: {"tokens": len(t), "documents": 1, "file": f"{name}.bin"} for name, t in splits.items()}
-        (folder / "meta.json").write_text(json.dumps({
-            "tokenizer": "gpt2", "vocab_size": vocab, "eot_token": 50256, "dtype": dtype, "splits": info,
-            "sources": ["test"], "version": 1}))
     return folder
 
 
 @pytest.fixture(scope="session")
-def shakespeare_tokens(shared_data) -> np.ndarray:
+def shakespeare_tokens() -> np.ndarray:
     """Tiny Shakespeare as GPT-2 tokens (338k), one document ending in <|endoftext|>."""
-    import tiktoken
+    from tokenizer import gpt2
 
-    enc = tiktoken.get_encoding("gpt2")
-    text = (shared_data / "tinyshakespeare" / "input.txt").read_text()
+    enc = gpt2()
+    text = SHAKESPEARE.read_text()
     return np.array(enc.encode_ordinary(text) + [enc.eot_token], dtype=np.uint16)
 
 
@@ -79,6 +81,35 @@ def run_cli(argv, capsys) -> tuple[int, str]:
 
 def leftovers(parent: Path) -> list[str]:
     return sorted(p.name for p in parent.iterdir() if ".tmp-" in p.name or ".old-" in p.name)
+
+
+def watch_puts(monkeypatch, before=None) -> list[tuple[str, str]]:
+    """Record ('start' | 'done', key) of every PutObject to_mds makes, in order; before(key) runs at each start.
+
+    Wraps storage.make_client, the one factory of S3 clients, with botocore event hooks."""
+    events, lock = [], threading.Lock()
+    real_make_client = storage.make_client
+
+    def make_client(endpoint_url=None, workers=storage.DEFAULT_WORKERS):
+        client = real_make_client(endpoint_url, workers)
+
+        def started(params, context, **kwargs):
+            context["watched_key"] = params["Key"]
+            with lock:
+                events.append(("start", params["Key"]))
+            if before is not None:
+                before(params["Key"])
+
+        def done(context, **kwargs):
+            with lock:
+                events.append(("done", context["watched_key"]))
+
+        client.meta.events.register("before-parameter-build.s3.PutObject", started)
+        client.meta.events.register("after-call.s3.PutObject", done)
+        return client
+
+    monkeypatch.setattr(storage, "make_client", make_client)
+    return events
 
 
 # ------------------------------------------------------------------------------------------------ round trip
@@ -132,6 +163,58 @@ def test_same_input_gives_byte_identical_shards(tmp_path, small_tokens):
     assert files_a == files_b and len([f for f in files_a if f.name.startswith("shard.")]) > 3
     for f in files_a:
         assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes(), f
+    # ... and they are the files one plain Streaming MDSWriter writes for the same windows
+    from streaming import MDSWriter
+
+    tokens = small_tokens["train"]
+    with MDSWriter(out=str(tmp_path / "plain"), columns={"x": f"ndarray:uint16:{T}", "y": f"ndarray:uint16:{T}"},
+                   compression="zstd", hashes=["sha1", "xxh64"], size_limit="64kb") as writer:
+        for i in range((len(tokens) - 1) // T):
+            writer.write({"x": tokens[i * T:i * T + T], "y": tokens[i * T + 1:i * T + T + 1]})
+    plain = sorted(p.name for p in (tmp_path / "plain").iterdir())
+    assert plain == sorted(f.name for f in files_a if f.parent.name == "train" and f.name != "to_mds.json")
+    for name in plain:
+        assert (tmp_path / "plain" / name).read_bytes() == (tmp_path / "a" / "train" / name).read_bytes(), name
+
+
+def dataset_files(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("sampling", ["sequential", "random"])
+def test_num_proc_1_and_2_write_the_same_bytes_holding_the_bin_windows(tmp_path, small_tokens, sampling):
+    data = write_bin(tmp_path / "data", small_tokens)
+    args = ["--bin", data, "--block-size", T, "--size-limit", "64kb", "--sampling", sampling]
+    if sampling == "random":
+        args += ["--num-samples", "1500", "--seed", "5"]
+    for n in (1, 2):
+        assert to_mds.main([str(a) for a in args + ["--out", tmp_path / f"p{n}", "--num-proc", n]]) == 0
+    one, two = dataset_files(tmp_path / "p1"), dataset_files(tmp_path / "p2")
+    assert sorted(one) == sorted(two) and sum(n.startswith("train/shard.") for n in one) >= 3  # several shards
+    for name in one:
+        assert one[name] == two[name], name  # every shard, index.json and to_mds.json, byte for byte
+
+    for split, tokens in small_tokens.items():
+        samples = read_mds(str(tmp_path / "p2" / split), tmp_path / f"cache_{split}")
+        if sampling == "random" and split == "train":  # nanoGPT's randint(len(data) - T)
+            starts = np.random.default_rng(5).integers(0, len(tokens) - T, size=1500)
+        else:
+            starts = np.arange((len(tokens) - 1) // T) * T
+        assert len(samples) == len(starts)
+        for s, i in zip(samples, starts):
+            assert np.array_equal(s["x"], tokens[i:i + T]) and np.array_equal(s["y"], tokens[i + 1:i + 1 + T])
+
+
+def test_a_failing_process_stops_the_run_with_one_line_and_writes_nothing(tmp_path, small_tokens, capsys):
+    tokens = small_tokens["train"].copy()
+    tokens[30_000] = 60_000  # out of the vocabulary, in a late shard: found by one of the processes
+    data = write_bin(tmp_path / "data", {"train": tokens})
+    out = tmp_path / "mds"
+    code, err = run_cli(["--bin", data, "--out", out, "--block-size", T, "--size-limit", "64kb", "--num-proc", "2"],
+                        capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert "token id 60000 at position 30000 is out of range" in err
+    assert not out.exists() and leftovers(tmp_path) == []
 
 
 def test_storage_stays_under_2_2_bytes_per_token_on_real_text(tmp_path, shakespeare_tokens, capsys):
@@ -182,7 +265,9 @@ def bad_inputs(tmp_path: Path) -> dict:
     oov = write_bin(tmp_path / "oov", {"train": np.r_[np.arange(500), 60000, np.arange(499)]})
     empty = write_bin(tmp_path / "empty", {})
     short = write_bin(tmp_path / "short", {"train": np.arange(1000)})
-    (short / "meta.json").write_text((short / "meta.json").read_text().replace('"tokens": 1000', '"tokens": 1200'))
+    meta = Meta.read(short)
+    meta.splits["train"].tokens = 1200  # meta.json promises more tokens than train.bin holds
+    meta.write(short)
     return {
         "odd_size": (["--bin", odd / "train.bin", "--dtype", "uint16", "--vocab-size", "50257"], "not a multiple of 2"),
         "block_too_big": (["--bin", good, "--block-size", "1000"], "too few for --block-size 1000"),
@@ -270,9 +355,44 @@ def test_verify_detects_a_changed_bin_and_a_corrupt_shard(tmp_path, small_tokens
     assert code == 2 and "verify failed" in err
 
 
+def damage(case: str, out: Path) -> str:
+    """Damage the dataset in `out` as `case` says; return what the one-line error must say."""
+    if case == "corrupt_index":
+        (out / "index.json").write_text('{"shards": [')  # cut short, as by a full disk
+        return f"error: {out / 'index.json'} is not a readable MDS index (Expecting value: line 1 column 13"
+    if case == "index_without_shards":
+        (out / "index.json").write_text('{"version": 2, "shards": []}')
+        return f"error: {out / 'index.json'} lists no shards, so it is not an MDS index"
+    if case == "missing_shard":
+        (out / "shard.00001.mds.zstd").unlink()
+        return f"error: {out / 'shard.00001.mds.zstd'} is missing, though {out / 'index.json'} lists it"
+    if case == "truncated_shard":
+        shard = out / "shard.00002.mds.zstd"
+        size = shard.stat().st_size
+        shard.write_bytes(shard.read_bytes()[:100])
+        return f"error: {shard} is 100 bytes but {out / 'index.json'} says {size}: the shard is damaged"
+    (out / "to_mds.json").write_text("{")  # corrupt_spec
+    return f"error: {out / 'to_mds.json'} is not valid JSON"
+
+
+@pytest.mark.parametrize("case", ["corrupt_index", "index_without_shards", "missing_shard", "truncated_shard",
+                                  "corrupt_spec"])
+def test_verify_of_a_damaged_dataset_is_one_line_naming_the_file_and_the_fix(tmp_path, small_tokens, capsys, case):
+    data = write_bin(tmp_path / "data", {"train": small_tokens["train"]})
+    out = tmp_path / "mds"
+    to_mds.main(["--bin", str(data / "train.bin"), "--out", str(out), "--block-size", str(T), "--size-limit", "64kb"])
+    expected = damage(case, out)
+    code, err = run_cli(["--bin", data / "train.bin", "--out", out, "--verify"], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(expected), err
+    assert err.rstrip().endswith("re-run to_mds.py with --overwrite to rebuild the dataset" +
+                                 (" (or put the shard back)" if case == "missing_shard" else "")), err
+
+
 # ------------------------------------------------------------------------------------------------ interrupt
 
 
+@pytest.mark.slow
 def test_killed_run_publishes_nothing_keeps_old_dataset_and_rerun_is_valid(tmp_path):
     rng = np.random.default_rng(0)
     big = rng.integers(0, 50257, size=3_000_001, dtype=np.uint16)
@@ -304,28 +424,25 @@ def test_killed_run_publishes_nothing_keeps_old_dataset_and_rerun_is_valid(tmp_p
 # ------------------------------------------------------------------------------------------------ S3
 
 
+@pytest.mark.s3
 def test_remote_upload_reads_back_from_s3_with_index_uploaded_last(tmp_path, small_tokens, s3_env, monkeypatch):
-    from streaming.base.storage.upload import S3Uploader
-
-    uploads, lock = [], threading.Lock()
-    real_upload = S3Uploader.upload_file
-
-    def slow_upload(self, filename):  # slow shard uploads: Streaming's own writer would upload the index first
-        if filename.startswith("shard."):
+    def slow_shards(key):  # slow shard uploads: an uploader that only waits for its queue would send the index first
+        if key.rsplit("/", 1)[-1].startswith("shard."):
             time.sleep(0.3)
-        real_upload(self, filename)
-        with lock:
-            uploads.append((self.remote.rsplit("/", 1)[-1], filename))  # (split, file), in order of completion
 
-    monkeypatch.setattr(S3Uploader, "upload_file", slow_upload)
+    puts = watch_puts(monkeypatch, slow_shards)
     data = write_bin(tmp_path / "data", small_tokens)
     remote = "s3://test-bucket/to_mds/shakespeare"
     assert to_mds.main(["--bin", str(data), "--remote", remote, "--block-size", str(T), "--size-limit", "64kb",
                         "--verify"]) == 0
+    uploads = [tuple(key.split("/")[-2:]) for what, key in puts if what == "done"]  # (split, file), as completed
     for split in small_tokens:
         done = [name for s, name in uploads if s == split]
         assert done[-1] == "index.json" and done.count("index.json") == 1  # index last, after every shard
         assert len(done) > (4 if split == "train" else 2)
+    index_starts = [i for i, (what, key) in enumerate(puts) if what == "start" and key.endswith("/index.json")]
+    shard_dones = [i for i, (what, key) in enumerate(puts) if what == "done" and "/shard." in key]
+    assert min(index_starts) > max(shard_dones)  # no index.json even starts before every shard is in place
 
     bucket_dir = s3_env.root / "test-bucket" / "to_mds" / "shakespeare"
     assert sorted(p.name for p in bucket_dir.iterdir()) == ["train", "val"]
@@ -336,6 +453,7 @@ def test_remote_upload_reads_back_from_s3_with_index_uploaded_last(tmp_path, sma
         assert np.array_equal(np.stack([s["y"] for s in samples]).reshape(-1), tokens[1:n * T + 1])
 
 
+@pytest.mark.s3
 def test_remote_overwrite_replaces_dataset_and_leaves_no_staging(tmp_path, small_tokens, s3_env, capsys):
     data = write_bin(tmp_path / "data", {"train": small_tokens["train"]})
     remote = "s3://test-bucket/over/train"
@@ -354,6 +472,7 @@ def test_remote_overwrite_replaces_dataset_and_leaves_no_staging(tmp_path, small
     assert np.array_equal(samples[-1]["y"], small_tokens["train"][len(samples) * 64 - 63:len(samples) * 64 + 1])
 
 
+@pytest.mark.s3
 def test_out_and_remote_hold_the_same_dataset_and_leftovers_of_a_dead_run_are_removed(tmp_path, small_tokens,
                                                                                        s3_env):
     data = write_bin(tmp_path / "data", {"train": small_tokens["train"]})
@@ -373,34 +492,45 @@ def test_out_and_remote_hold_the_same_dataset_and_leftovers_of_a_dead_run_are_re
     assert len(samples) == (len(small_tokens["train"]) - 1) // T
 
 
+@pytest.mark.s3
+def test_verify_names_a_shard_missing_from_s3(tmp_path, small_tokens, s3_env, capsys):
+    data = write_bin(tmp_path / "data", {"train": small_tokens["train"]})
+    remote = "s3://test-bucket/verify_missing/train"
+    args = ["--bin", data / "train.bin", "--remote", remote]
+    to_mds.main([str(a) for a in args + ["--block-size", T, "--size-limit", "64kb"]])
+    s3_env.client().delete_object(Bucket="test-bucket", Key="verify_missing/train/shard.00001.mds.zstd")  # lost
+    capsys.readouterr()
+    code, err = run_cli(args + ["--verify"], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"error: {remote}/shard.00001.mds.zstd is missing, though {remote}/index.json lists it: "
+                          "the dataset is incomplete; re-run to_mds.py with --overwrite"), err
+
+
+@pytest.mark.s3
 def test_missing_bucket_and_failed_upload_are_one_line_errors_that_publish_nothing(tmp_path, small_tokens, s3_env,
                                                                                    capsys, monkeypatch):
-    from streaming.base.storage.upload import S3Uploader
-
     data = write_bin(tmp_path / "data", small_tokens)
     args = ["--block-size", T, "--size-limit", "64kb"]
     code, err = run_cli(["--bin", data, "--remote", "s3://no-such-bucket/x"] + args, capsys)
-    assert code == 2 and "cannot use bucket no-such-bucket" in err and err.count("\n") == 1
+    assert code == 2 and "bucket 'no-such-bucket' does not exist" in err and err.count("\n") == 1
 
-    real_upload = S3Uploader.upload_file
     fail = {}
 
-    def flaky_upload(self, filename):
-        if self.remote.endswith(fail["split"]) and filename == fail["file"]:
+    def flaky_upload(key):
+        if key == fail["key"]:
             raise ConnectionError("network down")
-        real_upload(self, filename)
 
-    monkeypatch.setattr(S3Uploader, "upload_file", flaky_upload)
+    watch_puts(monkeypatch, flaky_upload)
     flaky = s3_env.root / "test-bucket" / "flaky"
     # the second of train's 3 shards fails: the shards sent are removed, no index.json
-    fail.update(split="flaky", file="shard.00001.mds.zstd")
+    fail.update(key="flaky/shard.00001.mds.zstd")
     code, err = run_cli(["--bin", data / "train.bin", "--remote", "s3://test-bucket/flaky",
                          "--out", tmp_path / "mds"] + args, capsys)
     assert code == 2 and "uploading to s3://test-bucket/flaky failed (ConnectionError: network down)" in err
     assert not flaky.exists() or [p for p in flaky.rglob("*") if p.is_file()] == []
     assert not (tmp_path / "mds").exists() and leftovers(tmp_path) == []
     # val fails after train was complete on S3: train is withdrawn too (all splits or none)
-    fail.update(split="flaky/val", file="shard.00000.mds.zstd")
+    fail.update(key="flaky/val/shard.00000.mds.zstd")
     code, err = run_cli(["--bin", data, "--remote", "s3://test-bucket/flaky"] + args, capsys)
     assert code == 2 and "uploading to s3://test-bucket/flaky/val failed" in err
     assert not flaky.exists() or [p for p in flaky.rglob("*") if p.is_file()] == []
