@@ -1,8 +1,13 @@
-"""prepare_data.py: exact tokens, splits, determinism across --num-proc, resume after a kill, bad input."""
+"""prepare_data.py: exact tokens, splits, determinism across --num-proc, resume after a kill, bad input, full
+disks, any `datasets` dataset (Parquet, streamed)."""
 
+import errno
+import functools
 import gzip
+import importlib.util
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -11,21 +16,23 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import tiktoken
 
 import prepare_data
-from common import UserError
+from common import UserError, run_main
 from conftest import PILE_SAMPLE, REPO, SHAKESPEARE
+from tokenizer import gpt2
 
-ENC = tiktoken.get_encoding("gpt2")
+ENC = gpt2()
 EOT = 50256
 
 
+@functools.lru_cache(maxsize=None)
+def encoded(text):
+    return np.array(ENC.encode_ordinary(text) + [EOT], dtype=np.uint16)
+
+
 def expected_tokens(texts):
-    out = []
-    for t in texts:
-        out += ENC.encode_ordinary(t) + [EOT]
-    return np.array(out, dtype=np.uint16)
+    return np.concatenate([encoded(t) for t in texts] or [np.empty(0, np.uint16)])
 
 
 def read_bin(path):
@@ -93,11 +100,11 @@ def test_pile_sample_uses_its_own_val_split_and_skips_test(tmp_path):
     def docs(name):
         with open(PILE_SAMPLE / name, "rb") as f:
             raw = zstandard.ZstdDecompressor().stream_reader(f).read()
-        return [json.loads(l)["text"] for l in raw.decode().splitlines()]
+        return [json.loads(line)["text"] for line in raw.decode().splitlines()]
 
     dolma = []
     for name in sorted(os.listdir(PILE_SAMPLE / "dolma_cc_en")):
-        dolma += [json.loads(l)["text"] for l in (PILE_SAMPLE / "dolma_cc_en" / name).read_text().splitlines()]
+        dolma += [json.loads(line)["text"] for line in (PILE_SAMPLE / "dolma_cc_en" / name).read_text().splitlines()]
     out = tmp_path / "out"
     # sorted by name: dolma_cc_en/... before train_00_head.jsonl.zst
     assert np.array_equal(read_bin(out / "train.bin"), expected_tokens(dolma + docs("train_00_head.jsonl.zst")))
@@ -110,7 +117,7 @@ def test_pile_sample_uses_its_own_val_split_and_skips_test(tmp_path):
 
 def test_pile_subset_filters_drop_and_keep_documents(tmp_path):
     dolma = PILE_SAMPLE / "dolma_cc_en" / "cc_en_head-0091.jsonl"
-    dolma_texts = [json.loads(l)["text"] for l in dolma.read_text().splitlines()]
+    dolma_texts = [json.loads(line)["text"] for line in dolma.read_text().splitlines()]
     run("--input", PILE_SAMPLE / "train_00_head.jsonl.zst", dolma, "--exclude-subset", "Pile-CC",
         "--out-dir", tmp_path / "a", "--num-proc", 1, "--val-fraction", 0)
     meta = json.loads((tmp_path / "a" / "meta.json").read_text())
@@ -173,18 +180,19 @@ def test_shards_hold_every_document_exactly_once(tmp_path):
     assert total == len(expected_tokens(docs))
 
 
-def resume_corpus_texts(n_files):
-    docs = shakespeare_docs()
+def resume_corpus_texts(n_files, repeat=1):
+    docs = shakespeare_docs() * repeat
     return [docs if k % 2 else docs[::-1] for k in range(n_files)]
 
 
-def _make_resume_corpus(root, n_files):
+def _make_resume_corpus(root, n_files, repeat=1):
     root.mkdir()
-    for k, texts in enumerate(resume_corpus_texts(n_files)):
+    for k, texts in enumerate(resume_corpus_texts(n_files, repeat)):
         write_jsonl(root / f"{k:02d}.jsonl.zst", texts, "zst")
     return root
 
 
+@pytest.mark.slow
 def test_killed_run_never_looks_complete_and_resumes_byte_identical(tmp_path):
     corpus = _make_resume_corpus(tmp_path / "corpus", 12)
     cmd = [sys.executable, str(REPO / "prepare_data.py"), "--input", str(corpus), "--num-proc", "2",
@@ -215,6 +223,7 @@ def test_killed_run_never_looks_complete_and_resumes_byte_identical(tmp_path):
     assert sorted(os.listdir(out)) == ["meta.json", "train.bin", "val.bin"]
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_cleanly_and_resumes(tmp_path):
     corpus = _make_resume_corpus(tmp_path / "corpus", n_files=6)
     cmd = [sys.executable, str(REPO / "prepare_data.py"), "--input", str(corpus), "--num-proc", "1",
@@ -243,7 +252,7 @@ def run_cli(*args, cwd=None):
 
 def assert_one_line_error(result, *needles):
     assert result.returncode == 2, result.stderr
-    lines = [l for l in result.stderr.splitlines() if l.startswith("error:")]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1, result.stderr
     assert "Traceback" not in result.stderr
     for needle in needles:
@@ -306,6 +315,7 @@ def test_empty_corpus_is_an_error_and_leaves_no_folder(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_existing_output_is_refused_untouched_unless_overwrite(tmp_path):
     out = tmp_path / "out"
     run("--input", SHAKESPEARE, "--out-dir", out, "--val-fraction", 0, "--max-tokens", 100)
@@ -333,3 +343,431 @@ def test_bad_input_keeps_an_existing_dataset_when_overwriting(tmp_path):
     with pytest.raises(UserError, match="bad.jsonl:2"):
         run("--input", bad, "--out-dir", out, "--overwrite", "--val-fraction", 0)
     assert (out / "train.bin").read_bytes() == before and (out / "meta.json").exists()
+
+
+# ---- every kill resumes -----------------------------------------------------------------------------------
+
+
+def cli(*args):
+    return [sys.executable, str(REPO / "prepare_data.py"), *map(str, args)]
+
+
+def kill_when(proc, ready, timeout=120):
+    """SIGKILL proc as soon as ready() holds; fail if it finished first."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None and not ready():
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run ended before it could be killed: make the corpus larger"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
+def saved_state(out):
+    try:
+        return json.loads((out / prepare_data.STATE_NAME).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+@pytest.mark.slow
+def test_kill_during_the_first_file_resumes_where_it_was(tmp_path):
+    docs = shakespeare_docs() * 40  # one file that takes seconds however fast the machine (on the Pile, an hour)
+    write_jsonl(tmp_path / "only.jsonl.zst", docs, "zst")
+    out = tmp_path / "out"
+    cmd = cli("--input", tmp_path / "only.jsonl.zst", "--out-dir", out, "--num-proc", 1, "--val-fraction", 0)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    kill_when(proc, lambda: (saved_state(out) or {}).get("tokens", {}).get("train", 0) > 0)
+    state = saved_state(out)
+    assert state["files_done"] == 0 and state["position"][0] > 0
+    assert not (out / "train.bin").exists() and not (out / "meta.json").exists()
+    (out / f".{prepare_data.STATE_NAME}.tmp99999").write_text("{")  # as if killed while writing the state
+
+    resumed = subprocess.run(cmd, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resuming: 0 of 1 files already done, only.jsonl.zst from line {state['position'][1]} " \
+           f"({state['tokens']['train']:,} train tokens)" in resumed.stderr
+    assert np.array_equal(read_bin(out / "train.bin"), expected_tokens(docs))
+    assert sorted(os.listdir(out)) == ["meta.json", "train.bin"]
+
+
+@pytest.mark.slow
+def test_interrupted_overwrite_run_resumes_instead_of_starting_over(tmp_path):
+    out = tmp_path / "out"
+    run("--input", SHAKESPEARE, "--out-dir", out, "--val-fraction", 0, "--max-tokens", 100)
+    old = (out / "train.bin").read_bytes()
+    corpus = _make_resume_corpus(tmp_path / "corpus", 12, repeat=3)  # seconds, however fast the machine
+    cmd = cli("--input", corpus, "--out-dir", out, "--num-proc", 1, "--val-fraction", 0, "--overwrite")
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    kill_when(proc, lambda: (saved_state(out) or {}).get("tokens", {}).get("train", 0) > 0)
+    done = saved_state(out)["files_done"]
+    assert (out / "train.bin").read_bytes() == old and (out / "meta.json").exists()  # the old set, until the end
+
+    refused = subprocess.run(cmd[:-1], capture_output=True, text=True)  # the same command without --overwrite
+    assert_one_line_error(refused, "pass --overwrite")
+    resumed = subprocess.run(cmd, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resuming: {done} of 12 files already done" in resumed.stderr
+    assert np.array_equal(read_bin(out / "train.bin"), expected_tokens(sum(resume_corpus_texts(12, 3), [])))
+    assert sorted(os.listdir(out)) == ["meta.json", "train.bin"]
+
+
+def test_a_run_stopped_while_publishing_completes_when_run_again(tmp_path, monkeypatch):
+    write_jsonl(tmp_path / "a.jsonl", shakespeare_docs(50))
+    out = tmp_path / "out"
+    real_replace = os.replace
+
+    def stop_after_publishing_train(src, dst):
+        real_replace(src, dst)
+        if Path(dst).name == "train.bin":
+            raise KeyboardInterrupt  # e.g. a Ctrl-C right after train.bin.partial became train.bin
+
+    monkeypatch.setattr(os, "replace", stop_after_publishing_train)
+    args = ("--input", tmp_path / "a.jsonl", "--out-dir", out, "--val-fraction", 0.2, "--num-proc", 1)
+    with pytest.raises(KeyboardInterrupt):
+        run(*args)
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert (out / "train.bin").exists() and (out / "val.bin.partial").exists() and not (out / "meta.json").exists()
+    run(*args)
+    docs = shakespeare_docs(50)
+    in_val = [d for d in docs if prepare_data.goes_to_val(d.encode(), 0.2)]
+    assert np.array_equal(read_bin(out / "val.bin"), expected_tokens(in_val))
+    assert np.array_equal(read_bin(out / "train.bin"), expected_tokens([d for d in docs if d not in in_val]))
+    assert sorted(os.listdir(out)) == ["meta.json", "train.bin", "val.bin"]
+
+
+def test_a_file_fixed_after_an_error_is_read_again_and_finished_files_are_kept(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(prepare_data, "CHUNK_BYTES", 2000)  # many tasks: progress inside b.jsonl is recorded
+    monkeypatch.setattr(prepare_data, "COMMIT_SECONDS", 0.0)
+    docs = shakespeare_docs(400)
+    a = write_jsonl(tmp_path / "a.jsonl", docs[:200])
+    b = write_jsonl(tmp_path / "b.jsonl", docs[200:])
+    good_b = b.read_text()
+    lines = good_b.splitlines(keepends=True)
+    b.write_text("".join(lines[:150] + ['{"text": "a broken line\n'] + lines[150:]))
+    args = ("--input", a, b, "--out-dir", tmp_path / "out", "--val-fraction", 0, "--num-proc", 1)
+    with pytest.raises(UserError, match=r"b.jsonl:151: malformed JSON.*\(1 of 2 files done"):
+        run(*args)
+    assert saved_state(tmp_path / "out")["position"][0] > 0  # progress inside b.jsonl was recorded
+
+    a.write_text(a.read_text() + json.dumps({"text": "late"}) + "\n")  # a finished file must not change
+    with pytest.raises(UserError, match="a.jsonl changed since it was read"):
+        run(*args)
+    write_jsonl(a, docs[:200])
+    b.write_text(good_b)  # the user fixes the line: b.jsonl is shorter now, so it is read again from its start
+    capsys.readouterr()
+    run(*args)
+    err = capsys.readouterr().err
+    assert "b.jsonl changed since the interrupted run read part of it; reading it again from its start" in err
+    assert "resuming: 1 of 2 files already done" in err
+    assert np.array_equal(read_bin(tmp_path / "out" / "train.bin"), expected_tokens(docs))
+
+
+# ---- a full disk names the disk, and the run resumes once there is space ---------------------------------
+
+
+def test_full_disk_is_one_line_naming_the_disk_and_the_run_resumes(tmp_path, monkeypatch, capsys):
+    files = [write_jsonl(tmp_path / f"{k}.jsonl", shakespeare_docs()[k * 300:(k + 1) * 300]) for k in range(5)]
+    out = tmp_path / "out"
+    monkeypatch.setattr(prepare_data, "COMMIT_SECONDS", 0.0)  # record progress at every boundary
+    real_fsync, calls = os.fsync, []
+
+    def fsync_on_a_full_disk(fd):  # ext4 and NFS can report ENOSPC at fsync rather than at write
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("train.bin.partial"):
+            calls.append(fd)
+            if len(calls) > 2:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync_on_a_full_disk)
+    args = ["--input", *map(str, files), "--out-dir", str(out), "--num-proc", "1", "--val-fraction", "0"]
+    with pytest.raises(SystemExit) as exit_info:
+        run_main(prepare_data.main, args)
+    assert exit_info.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1
+    assert f"--out-dir {out}: No space left on device (ENOSPC)" in errors[0]
+    assert "free space on that disk" in errors[0] and "run the same command again to resume" in errors[0]
+    assert "check the file" not in errors[0]
+    assert sorted(os.listdir(out)) == sorted(prepare_data.OUR_FILES)  # no temporary file left behind
+
+    monkeypatch.setattr(os, "fsync", real_fsync)  # space freed
+    run_main_ok(args)
+    assert "resuming: " in capsys.readouterr().err
+    assert np.array_equal(read_bin(out / "train.bin"), expected_tokens(shakespeare_docs()[:1500]))
+
+
+def run_main_ok(args):
+    with pytest.raises(SystemExit) as exit_info:
+        run_main(prepare_data.main, args)
+    assert exit_info.value.code == 0
+
+
+@pytest.mark.slow
+def test_file_size_limit_is_one_line_naming_the_limit_and_the_run_resumes(tmp_path):
+    corpus = _make_resume_corpus(tmp_path / "corpus", 4)  # about 600 KB of tokens per file
+    out = tmp_path / "out"
+    cmd = cli("--input", corpus, "--out-dir", out, "--num-proc", 1, "--val-fraction", 0)
+
+    def limit_files_to_1_mb():  # the kernel refuses to grow any file past 1 MB: EFBIG, like a disk filling up
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, resource.RLIM_INFINITY))
+
+    r = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=limit_files_to_1_mb)
+    assert_one_line_error(r, f"--out-dir {out}: File too large (EFBIG) while writing train.bin.partial",
+                          "ulimit -f")
+    assert "corpus" not in r.stderr.splitlines()[-1].split("while writing")[0]  # the input is not blamed
+    left = set(os.listdir(out)) if out.exists() else set()
+    assert left <= prepare_data.OUR_FILES
+    committed = saved_state(out)
+
+    resumed = subprocess.run(cmd, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    if committed:
+        assert "resuming: " in resumed.stderr
+    assert np.array_equal(read_bin(out / "train.bin"), expected_tokens(sum(resume_corpus_texts(4), [])))
+
+
+def test_out_dir_under_a_file_is_one_line_naming_the_file(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    r = run_cli("--input", SHAKESPEARE, "--out-dir", tmp_path / "notes.txt" / "out")
+    assert_one_line_error(r, f"{tmp_path / 'notes.txt'} is a file, not a folder", "choose another --out-dir")
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+# ---- empty documents, empty and truncated files ---------------------------------------------------------
+
+
+def test_empty_and_whitespace_only_documents_are_skipped_and_counted(tmp_path):
+    texts = ["one", "", "  \n\t ", "two <|endoftext|> is text here", "\n", "caf\u00e9 \ud800 lone surrogate"]
+    write_jsonl(tmp_path / "a.jsonl", texts)
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "blank.txt").write_text(" \n\n  \n")
+    (tmp_path / "story.txt").write_text("Once upon a time.\n")
+    run("--input", tmp_path / "a.jsonl", tmp_path / "blank.txt", tmp_path / "empty.txt", tmp_path / "story.txt",
+        "--out-dir", tmp_path / "out", "--val-fraction", 0, "--num-proc", 1)
+    kept = ["one", "two <|endoftext|> is text here", "caf\u00e9 \ud800 lone surrogate", "Once upon a time.\n"]
+    assert np.array_equal(read_bin(tmp_path / "out" / "train.bin"), expected_tokens(kept))
+    meta = json.loads((tmp_path / "out" / "meta.json").read_text())
+    assert meta["empty_documents"] == 5 and meta["splits"]["train"]["documents"] == 4
+
+
+def test_an_empty_txt_is_an_empty_corpus_error(tmp_path):
+    (tmp_path / "empty.txt").write_text("")
+    r = run_cli("--input", tmp_path / "empty.txt", "--out-dir", tmp_path / "out")
+    assert_one_line_error(r, "empty corpus", "empty.txt", "empty or whitespace-only: 1")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("company", ["alone", "among good files"])
+@pytest.mark.parametrize("fmt", ["zst", "gz"])
+@pytest.mark.parametrize("damage", ["empty", "truncated"])
+def test_empty_or_truncated_compressed_input_is_refused(tmp_path, damage, fmt, company):
+    bad = write_jsonl(tmp_path / f"z_bad.jsonl.{fmt}", shakespeare_docs(3000), fmt)  # sorts after the good ones
+    data = bad.read_bytes()
+    bad.write_bytes(b"" if damage == "empty" else data[: len(data) // 2])
+    inputs = [bad]
+    if company == "among good files":
+        inputs = [write_jsonl(tmp_path / "a.jsonl", ["good"]), write_jsonl(tmp_path / f"b.jsonl.{fmt}", ["fine"], fmt),
+                  bad]
+    r = run_cli("--input", *inputs, "--out-dir", tmp_path / "out", "--num-proc", 1, "--val-fraction", 0)
+    assert_one_line_error(r, f"z_bad.jsonl.{fmt}", "empty file (0 bytes)" if damage == "empty" else "truncated",
+                          "download")
+    assert not (tmp_path / "out" / "train.bin").exists() and not (tmp_path / "out" / "meta.json").exists()
+
+
+# ---- vocabularies at the limits of each dtype, and broken tokenizers ------------------------------------
+
+TEST_VOCABS = '''
+def make(n_vocab, missing_byte=None, duplicate_rank=False):
+    """A byte-level BPE of exactly n_vocab ids: the bytes, then byte pairs, then <|endoftext|> = n_vocab - 1."""
+    singles = [bytes([b]) for b in range(256) if b != missing_byte]
+    ranks = {t: r for r, t in enumerate(singles)}
+    pairs = (bytes([a, b]) for a in range(256) for b in range(256))
+    while len(ranks) < n_vocab - 1:
+        ranks[next(pairs)] = len(ranks)
+    if duplicate_rank:
+        ranks[next(pairs)] = 0
+    return {"name": f"v{n_vocab}", "pat_str": r"\\S+|\\s+", "mergeable_ranks": ranks,
+            "special_tokens": {"<|endoftext|>": n_vocab - 1}}
+
+
+ENCODING_CONSTRUCTORS = {
+    "test-vocab-65536": lambda: make(65536), "test-vocab-65537": lambda: make(65537),
+    "test-broken-at-encode": lambda: make(1000, missing_byte=ord("q")),
+    "test-broken-at-load": lambda: make(1000, duplicate_rank=True),
+}
+'''
+
+
+@pytest.fixture
+def test_vocabs(tmp_path):
+    """tiktoken plugin encodings (tiktoken_ext) for a subprocess: returns (env, module)."""
+    plugin = tmp_path / "plugins" / "tiktoken_ext" / "pile_gpt_test_vocabs.py"
+    plugin.parent.mkdir(parents=True)
+    plugin.write_text(TEST_VOCABS)
+    spec = importlib.util.spec_from_file_location("pile_gpt_test_vocabs", plugin)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return {**os.environ, "PYTHONPATH": str(plugin.parent.parent)}, module
+
+
+@pytest.mark.parametrize("n_vocab, dtype", [(65536, np.uint16), (65537, np.uint32)])
+def test_vocab_at_the_limit_of_each_dtype(tmp_path, test_vocabs, n_vocab, dtype):
+    import tiktoken
+
+    env, module = test_vocabs
+    enc = tiktoken.Encoding(**module.make(n_vocab))
+    texts = ["hello world", "the top id ends every document"]
+    write_jsonl(tmp_path / "a.jsonl", texts)
+    r = subprocess.run(cli("--input", tmp_path / "a.jsonl", "--out-dir", tmp_path / "out", "--encoding",
+                           f"test-vocab-{n_vocab}", "--val-fraction", 0, "--num-proc", 1),
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    meta = json.loads((tmp_path / "out" / "meta.json").read_text())
+    assert (meta["vocab_size"], meta["eot_token"], meta["dtype"]) == (n_vocab, n_vocab - 1, np.dtype(dtype).name)
+    expected = sum((enc.encode_ordinary(t) + [n_vocab - 1] for t in texts), [])
+    assert np.fromfile(tmp_path / "out" / "train.bin", dtype=dtype).tolist() == expected
+
+
+@pytest.mark.parametrize("num_proc", [1, 2])
+@pytest.mark.parametrize("broken", ["at-load", "at-encode"])
+def test_a_tokenizer_that_panics_is_a_one_line_error(tmp_path, test_vocabs, broken, num_proc):
+    env, _ = test_vocabs
+    write_jsonl(tmp_path / "a.jsonl", ["fine", "the letter q is not in this vocabulary"])
+    r = subprocess.run(cli("--input", tmp_path / "a.jsonl", "--out-dir", tmp_path / "out", "--encoding",
+                           f"test-broken-{broken}", "--num-proc", num_proc),
+                       capture_output=True, text=True, env={**env, "RUST_BACKTRACE": "0"}, timeout=120)
+    needles = ["--encoding test-broken-at-load: cannot load"] if broken == "at-load" else \
+        ["a.jsonl:2: the tokenizer --encoding test-broken-at-encode failed on this document", "PanicException"]
+    assert_one_line_error(r, *needles)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_token_id_outside_the_vocabulary_is_an_error_not_a_wrap_around(tmp_path, monkeypatch):
+    class OutOfVocabulary:  # a broken tokenizer: ids past its own vocabulary (and past uint16)
+        n_vocab, eot_token = 50257, 50256
+
+        def encode_to_numpy(self, text, **kwargs):
+            return np.array([70000], dtype=np.uint32)
+
+        def encode_ordinary(self, text):
+            return [70000]
+
+    monkeypatch.setattr(prepare_data, "get_encoding", lambda name: OutOfVocabulary())
+    write_jsonl(tmp_path / "a.jsonl", ["hello"])
+    with pytest.raises(UserError, match=r"returned token id 70000, outside its vocabulary \[0, 50257\)"):
+        run("--input", tmp_path / "a.jsonl", "--out-dir", tmp_path / "out", "--num-proc", 1, "--val-fraction", 0)
+    assert not (tmp_path / "out").exists()
+
+
+# ---- any Hugging Face dataset: Parquet through `datasets`, streamed --------------------------------------
+
+
+def write_parquet_dataset(root, splits):
+    """A Hub-style dataset folder: data/{split}-0000k-of-0000n.parquet, columns id and content."""
+    import datasets
+
+    (root / "data").mkdir(parents=True)
+    for split, shards in splits.items():
+        for k, texts in enumerate(shards):
+            name = f"{split}-{k:05d}-of-{len(shards):05d}.parquet"
+            datasets.Dataset.from_dict({"id": list(range(len(texts))), "content": texts}).to_parquet(
+                str(root / "data" / name))
+    return root
+
+
+@pytest.mark.slow
+def test_parquet_dataset_streams_through_datasets_exactly_and_caches_nothing(tmp_path):
+    docs = shakespeare_docs(700)
+    train = [docs[:300] + ["", "   "], docs[300:600]]
+    hub = write_parquet_dataset(tmp_path / "hub", {"train": train, "validation": [docs[600:650]],
+                                                   "test": [docs[650:]]})
+    hf_home = tmp_path / "hf_home"
+    env = {**os.environ, "HF_HOME": str(hf_home), "HF_DATASETS_CACHE": str(hf_home / "datasets"),
+           "HF_HUB_OFFLINE": "1"}
+    outs = []
+    for k, (dataset, num_proc) in enumerate([(hub, 1), (f"file://{hub}", 2)]):
+        out = tmp_path / f"out{k}"
+        r = subprocess.run(cli("--dataset", dataset, "--text-column", "content", "--out-dir", out,
+                               "--num-proc", num_proc), capture_output=True, text=True, env=env)
+        assert r.returncode == 0, r.stderr
+        outs.append(out)
+    out = outs[0]
+    assert np.array_equal(read_bin(out / "train.bin"), expected_tokens(docs[:600]))
+    assert np.array_equal(read_bin(out / "val.bin"), expected_tokens(docs[600:650]))
+    for name in ("train.bin", "val.bin"):
+        assert (outs[1] / name).read_bytes() == (out / name).read_bytes()
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["sources"]["files"] == ["validation", "train"] and meta["sources"]["test_files_skipped"] == 1
+    assert meta["empty_documents"] == 2 and meta["splits"]["train"]["documents"] == 600
+    assert not hf_home.exists() or not any(hf_home.rglob("*"))  # no Arrow cache, no lock files
+
+
+@pytest.mark.slow
+def test_parquet_dataset_val_fraction_max_tokens_and_shards(tmp_path):
+    docs = shakespeare_docs(400)
+    hub = write_parquet_dataset(tmp_path / "hub", {"train": [docs[:250], docs[250:]]})
+    run("--dataset", hub, "--text-column", "content", "--out-dir", tmp_path / "a", "--val-fraction", 0.1,
+        "--num-proc", 1)
+    in_val = [d for d in docs if prepare_data.goes_to_val(d.encode(), 0.1)]
+    assert 20 < len(in_val) < 60
+    assert np.array_equal(read_bin(tmp_path / "a" / "val.bin"), expected_tokens(in_val))
+    assert np.array_equal(read_bin(tmp_path / "a" / "train.bin"), expected_tokens([d for d in docs if d not in in_val]))
+
+    run("--dataset", hub, "--text-column", "content", "--out-dir", tmp_path / "b", "--val-fraction", 0,
+        "--max-tokens", 999)
+    assert np.array_equal(read_bin(tmp_path / "b" / "train.bin"), expected_tokens(docs)[:999])
+
+    parts = []
+    for i in range(2):
+        run("--dataset", hub, "--text-column", "content", "--out-dir", tmp_path / f"part{i}", "--val-fraction", 0,
+            "--shard-index", i, "--num-shards", 2)
+        parts.append(read_bin(tmp_path / f"part{i}" / "train.bin"))
+    assert sorted(np.concatenate(parts).tolist()) == sorted(expected_tokens(docs).tolist())
+
+
+@pytest.mark.slow
+def test_parquet_dataset_resumes_after_an_interruption(tmp_path, monkeypatch, capsys):
+    docs = shakespeare_docs(600)
+    hub = write_parquet_dataset(tmp_path / "hub", {"train": [docs[:300], docs[300:]]})
+    monkeypatch.setattr(prepare_data, "CHUNK_BYTES", 4000)
+    monkeypatch.setattr(prepare_data, "COMMIT_SECONDS", 0.0)
+    real_write, writes = prepare_data.Writer.write, []
+
+    def interrupted_write(self, result, max_train):
+        writes.append(1)
+        if len(writes) == 6:
+            raise KeyboardInterrupt
+        return real_write(self, result, max_train)
+
+    monkeypatch.setattr(prepare_data.Writer, "write", interrupted_write)
+    args = ("--dataset", hub, "--text-column", "content", "--out-dir", tmp_path / "out", "--val-fraction", 0,
+            "--num-proc", 1)
+    with pytest.raises(KeyboardInterrupt):
+        run(*args)
+    state = saved_state(tmp_path / "out")
+    assert state["position"][0] > 0
+    monkeypatch.setattr(prepare_data.Writer, "write", real_write)
+    run(*args)
+    assert f"resuming: 0 of 1 files already done, train from row {state['position'][1]}" in capsys.readouterr().err
+    assert np.array_equal(read_bin(tmp_path / "out" / "train.bin"), expected_tokens(docs))
+
+
+@pytest.mark.slow
+def test_parquet_dataset_without_the_text_column_is_one_line_naming_the_columns(tmp_path):
+    hub = write_parquet_dataset(tmp_path / "hub", {"train": [["a document"]]})
+    r = run_cli("--dataset", hub, "--out-dir", tmp_path / "out")
+    assert_one_line_error(r, f"--dataset {hub}: split 'train' has no column 'text' (columns: id, content)",
+                          "--text-column")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_parquet_dataset_with_an_unknown_config_or_a_null_text_is_refused(tmp_path):
+    hub = write_parquet_dataset(tmp_path / "hub", {"train": [["one", None, "three"]]})
+    with pytest.raises(UserError, match="BuilderConfig 'nope' not found.*--dataset-config"):
+        run("--dataset", hub, "--dataset-config", "nope", "--out-dir", tmp_path / "out")
+    with pytest.raises(UserError, match="train row 2: no string in column 'content'.*--skip-bad-lines"):
+        run("--dataset", hub, "--text-column", "content", "--out-dir", tmp_path / "out", "--num-proc", 1)
+    run("--dataset", hub, "--text-column", "content", "--out-dir", tmp_path / "out", "--skip-bad-lines",
+        "--val-fraction", 0, "--num-proc", 1)
+    assert np.array_equal(read_bin(tmp_path / "out" / "train.bin"), expected_tokens(["one", "three"]))
