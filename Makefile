@@ -3,7 +3,7 @@
 PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 
-.PHONY: install install-dev test quickstart bench
+.PHONY: install install-dev test test-fast lint quickstart bench
 
 install:
 	$(PIP) install -q -r requirements.txt
@@ -12,7 +12,13 @@ install-dev:
 	$(PIP) install -q -r requirements-dev.txt
 
 test: install-dev
-	$(PYTHON) -m pytest -q tests
+	$(PYTHON) -m pytest tests
+
+test-fast: install-dev
+	$(PYTHON) -m pytest tests -m "not slow"
+
+lint: install-dev
+	$(PYTHON) -m ruff check .
 
 quickstart: install
 	bash scripts/quickstart.sh

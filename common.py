@@ -3,22 +3,22 @@
 Nothing here does work at import time. The pieces:
 - `UserError` and `run_main`: an error the user can fix becomes one line on stderr and exit code 2,
   not a traceback.
-- `atomic_write_text`: write a file under a temporary name, then rename it into place.
-- `read_meta` / `META_NAME`: the `meta.json` that prepare_data.py writes beside `train.bin` / `val.bin`.
-- `load_dotenv_file`, `s3_endpoint_url`, `mask_secrets`: the S3 settings every stage shares.
+- `atomic_path`, `atomic_write_text`: write a file under a temporary name, then rename it into place.
+- `load_dotenv_file`, `mask_secrets`: settings from `.env`, and secrets kept out of every message.
+- `tune_glibc_malloc`: process set-up for CPU training.
 """
 
 from __future__ import annotations
 
-import json
+import ctypes
 import logging
 import os
 import re
 import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
-META_NAME = "meta.json"  # written by prepare_data.py beside train.bin / val.bin
 SECRET_ENV_NAMES = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "WANDB_API_KEY", "MLFLOW_TRACKING_TOKEN",
                     "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 
@@ -32,7 +32,10 @@ def run_main(main: Callable[[Optional[Sequence[str]]], int | None], argv: Option
     try:
         code = main(argv)
     except UserError as e:
-        print(f"error: {mask_secrets(str(e))}", file=sys.stderr)
+        message = str(e).strip()
+        if message.startswith("Caught UserError"):  # re-raised by a DataLoader worker, with its traceback
+            message = message.splitlines()[-1].partition(": ")[2]  # the last line: "common.UserError: ..."
+        print(f"error: {mask_secrets(message)}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -40,26 +43,28 @@ def run_main(main: Callable[[Optional[Sequence[str]]], int | None], argv: Option
     sys.exit(code or 0)
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write `text` to `path` so that readers see either the old file or the whole new one, never a part."""
+@contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[str]:
+    """Yield a temporary name beside `path` to write to; on success it is fsynced and renamed to `path`,
+    so readers see either the old file or the whole new one, never a part. On error it is removed."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def read_meta(data_dir: str | os.PathLike) -> dict:
-    """Read prepare_data.py's meta.json from `data_dir`; raise UserError naming the file when it is bad."""
-    path = Path(data_dir) / META_NAME
-    if not path.is_file():
-        raise UserError(f"{path} not found: is {data_dir} a folder written by prepare_data.py?")
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise UserError(f"{path} is not valid JSON ({e}); re-run prepare_data.py to rewrite it") from None
+        yield str(tmp)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write `text` to `path` atomically (see atomic_path)."""
+    with atomic_path(path) as tmp, open(tmp, "w") as f:
+        f.write(text)
 
 
 def load_dotenv_file(path: str | os.PathLike = ".env") -> bool:
@@ -68,14 +73,6 @@ def load_dotenv_file(path: str | os.PathLike = ".env") -> bool:
         return False
     from dotenv import load_dotenv
     return load_dotenv(path, override=False)
-
-
-def s3_endpoint_url(explicit: Optional[str] = None) -> Optional[str]:
-    """The S3 endpoint for S3-compatible stores: the flag, else AWS_ENDPOINT_URL, else S3_ENDPOINT_URL.
-
-    Streaming reads S3_ENDPOINT_URL, boto3 reads AWS_ENDPOINT_URL; either one serves every stage.
-    """
-    return explicit or os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("S3_ENDPOINT_URL") or None
 
 
 def mask_secrets(text: str) -> str:
@@ -90,3 +87,22 @@ def mask_secrets(text: str) -> str:
 def setup_logging(level: int = logging.INFO) -> None:
     """One-line log records on stderr, the same format for every script."""
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+
+
+def tune_glibc_malloc() -> bool:
+    """Make glibc's malloc keep large freed blocks instead of returning them to the OS (CPU training).
+
+    By default glibc serves each allocation above its mmap threshold (at most 32 MB) with a fresh mmap and
+    unmaps it on free, so the (B*T, vocab) logits and their gradients are page-faulted (zero-filled) anew
+    at every step; on CPU that can cost more than the arithmetic. M_MMAP_MAX=0 serves them from the heap,
+    and a 1 GB M_TRIM_THRESHOLD keeps the heap from shrinking between steps: the effect of jemalloc with
+    retain:true (bench/bench_train.py measures both). Returns whether it applied.
+    """
+    if not sys.platform.startswith("linux") or "jemalloc" in os.environ.get("LD_PRELOAD", ""):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # from glibc's malloc.h
+        return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 1 << 30))
+    except (OSError, AttributeError):  # not glibc (e.g. musl)
+        return False

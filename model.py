@@ -9,24 +9,17 @@ one to one onto OpenAI's GPT-2 weights (transformer.wte, transformer.wpe, transf
     logits, loss = model(x, targets=y)           # x, y: LongTensor (B, T)
     out = model.generate(x, max_new_tokens=50, top_k=200)
 
-A trained model travels between train.py and sample.py as a weights-only export file (`EXPORT_NAME`,
-written by `save_export`, read by `load_export`): a dict {"format": EXPORT_FORMAT, "model_args": {GPTConfig
-fields}, "model": GPT state dict}, which `torch.load(weights_only=True)` reads without running any code.
+Saving and loading trained weights (model.pt exports, Composer checkpoints) is checkpoint.py's job.
 """
 
 from __future__ import annotations
 
 import math
-import os
-import re
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
-
-EXPORT_NAME = "model.pt"  # file name of the weights-only export train.py writes into its save folder
-EXPORT_FORMAT = "pile-gpt-export-v1"  # tag inside the export file, checked on load
 
 
 @dataclass
@@ -225,94 +218,3 @@ class GPT(nn.Module):
             raise ValueError(f"block_size must be in [1, {self.config.block_size}], got {block_size}")
         self.config.block_size = block_size
         self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size].detach().clone())
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    """The GPT inside a torch.compile / DistributedDataParallel wrapper (or the model itself)."""
-    while True:
-        inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
-        if inner is None or not isinstance(inner, nn.Module):
-            return model
-        model = inner
-
-
-def save_export(model: GPT, path: str | os.PathLike) -> None:
-    """Write the weights-only export of `model` (a GPT, possibly wrapped by torch.compile or DDP) to path.
-
-    The file is {"format": EXPORT_FORMAT, "model_args": dict of GPTConfig fields, "model": state dict with
-    GPT-2 names, CPU tensors}. It is written under a temporary name and renamed, so readers never see a
-    partial file. Under FSDP, gather a full state dict first; this function expects whole tensors.
-    """
-    gpt = unwrap(model)
-    if not isinstance(gpt, GPT):
-        raise TypeError(f"save_export needs a GPT, got {type(gpt).__name__}")
-    state = {k: v.detach().cpu() for k, v in gpt.state_dict().items()}
-    payload = {"format": EXPORT_FORMAT, "model_args": asdict(gpt.config), "model": state}
-    path = os.fspath(path)
-    tmp = os.path.join(os.path.dirname(path) or ".", f".{os.path.basename(path)}.tmp{os.getpid()}")
-    try:
-        torch.save(payload, tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
-def config_from_args(model_args: dict) -> GPTConfig:
-    """GPTConfig from a dict of its fields; unknown fields or bad values raise ValueError."""
-    if not isinstance(model_args, dict):
-        raise ValueError(f"model_args must be a dict of GPTConfig fields, got {type(model_args).__name__}")
-    known = {f.name for f in fields(GPTConfig)}
-    unknown = sorted(set(model_args) - known)
-    if unknown:
-        raise ValueError(f"unknown GPTConfig field(s) {unknown}; known: {sorted(known)}")
-    return GPTConfig(**model_args)
-
-
-def load_error_reason(e: Exception) -> str:
-    """One line saying why torch.load(weights_only=True) refused a file (its message is a page long)."""
-    text = str(e)
-    found = re.search(r"Unsupported global: GLOBAL (\S+)", text)
-    if found:
-        return f"it holds a {found.group(1)} object, which a weights-only load refuses"
-    found = re.search(r"WeightsUnpickler error: ([^\n]+)", text)
-    if found:
-        return found.group(1).strip()
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[0] if lines else type(e).__name__
-
-
-def gpt_from_weights(model_args: dict, state_dict: dict, source: str = "checkpoint") -> GPT:
-    """A GPT built from GPTConfig fields and loaded with a GPT-2-named state dict, in eval mode.
-
-    Raises ValueError naming `source` when the args are bad or the weights do not fit them.
-    """
-    try:
-        model = GPT(config_from_args(model_args))
-    except ValueError as e:
-        raise ValueError(f"{source}: bad model_args ({e})") from None
-    try:
-        model.load_state_dict(state_dict)
-    except RuntimeError as e:
-        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-        raise ValueError(f"{source}: weights do not match model_args {model_args} ({' '.join(lines[:2])})") from None
-    return model.eval()
-
-
-def load_export(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> GPT:
-    """Read a file written by save_export and return the GPT (in eval mode) on map_location.
-
-    Uses torch.load(weights_only=True): a file holding anything but tensors and plain containers is
-    refused before any of its code can run. Raises FileNotFoundError or ValueError naming the file.
-    """
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path}: no such file")
-    try:
-        payload = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as e:  # pickle.UnpicklingError for disallowed objects, RuntimeError for non-zip files...
-        raise ValueError(f"{path} is not a weights-only model export: {load_error_reason(e)}") from None
-    if not isinstance(payload, dict) or payload.get("format") != EXPORT_FORMAT:
-        raise ValueError(f"{path} is not a model export written by model.save_export (no format tag "
-                         f"{EXPORT_FORMAT!r})")
-    return gpt_from_weights(payload["model_args"], payload["model"], source=path).to(map_location)

@@ -10,11 +10,10 @@ run's local folder. Prints one line: first and last train loss (mean of 20 batch
 
 import argparse
 import json
-import os
 from pathlib import Path
 from typing import Optional, Sequence
 
-from common import UserError, run_main
+from common import UserError, atomic_path, run_main
 
 WINDOW = 20  # batches in the moving average
 
@@ -68,9 +67,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}.png")
-    fig.savefig(tmp)
-    os.replace(tmp, out)
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, format="png")
     first, last = sum(ys[:WINDOW]) / len(ys[:WINDOW]), sum(ys[-WINDOW:]) / len(ys[-WINDOW:])
     print(f"plot_loss: {len(train)} batches, train loss {first:.3f} -> {last:.3f}"
           + (f", last val loss {val[-1][1]:.3f}" if val else "") + f" -> {out}")

@@ -6,17 +6,17 @@ Usage:
 
 Each run is a real `python train.py config/tiny.py` process; tokens/s is tokens per batch over the median
 batch time in train.py's metrics.jsonl after batch --skip (start-up, imports and the first slow steps do
-not count; the median resists bursts of load from other processes). Runs alternate between the set-ups so that load from other processes hits all alike; the result
-is the median per set-up and its ratio to plain glibc:
+not count; the median resists bursts of load from other processes). Runs alternate between the set-ups so
+that load from other processes hits all alike; the result is the median per set-up and its ratio to plain glibc:
     glibc           glibc malloc as it comes (train.py --cpu_malloc_tune=False)
-    glibc+mallopt   train.py's default on CPU: mallopt keeps large freed blocks (see train.tune_glibc_malloc)
+    glibc+mallopt   train.py's default on CPU: mallopt keeps large freed blocks (see common.tune_glibc_malloc)
     jemalloc        Debian's jemalloc preloaded (train.py then leaves malloc alone)
 
 jemalloc: Debian's libjemalloc2 (apt-get install libjemalloc2), preloaded with
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2 MALLOC_CONF=retain:true,dirty_decay_ms:-1,muzzy_decay_ms:-1
 It keeps freed memory mapped, so the large per-step tensors (the (B*T, 50257) logits) are not unmapped and
 page-faulted back in every step as with glibc's mmap threshold.
-Without --data-dir, tiny Shakespeare (../shared/data/tinyshakespeare/input.txt) is tokenized into a
+Without --data-dir, tiny Shakespeare (tests/fixtures/tinyshakespeare.txt) is tokenized into a
 temporary prepare_data-style folder first.
 """
 
@@ -39,22 +39,16 @@ from common import UserError, run_main  # noqa: E402
 
 JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
 JEMALLOC_CONF = "retain:true,dirty_decay_ms:-1,muzzy_decay_ms:-1"
-SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
-TIKTOKEN_CACHE = REPO.parent / "shared" / "data" / "gpt2" / "tiktoken_cache"
+SHAKESPEARE = REPO / "tests" / "fixtures" / "tinyshakespeare.txt"
 
 
 def make_shakespeare_bin(folder: Path) -> Path:
-    import numpy as np
-    import tiktoken
+    from data import write_token_files
+    from tokenizer import gpt2
 
-    tokens = tiktoken.get_encoding("gpt2").encode_ordinary(SHAKESPEARE.read_text()) + [50256]
+    tokens = gpt2().encode_ordinary(SHAKESPEARE.read_text()) + [50256]
     n_val = len(tokens) // 10
-    splits = {"train": tokens[:-n_val], "val": tokens[-n_val:]}
-    meta = {"tokenizer": "gpt2", "vocab_size": 50257, "eot_token": 50256, "dtype": "uint16", "version": 1,
-            "splits": {k: {"tokens": len(v), "documents": 1, "file": f"{k}.bin"} for k, v in splits.items()}}
-    for name, part in splits.items():
-        np.array(part, dtype=np.uint16).tofile(folder / f"{name}.bin")
-    (folder / "meta.json").write_text(json.dumps(meta))
+    write_token_files(folder, {"train": tokens[:-n_val], "val": tokens[-n_val:]})
     return folder
 
 
@@ -90,8 +84,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="runs per set-up")
     parser.add_argument("extra", nargs="*", help="more train.py --key=value settings, after --")
     args = parser.parse_args(argv)
-    if TIKTOKEN_CACHE.is_dir():  # the offline GPT-2 BPE files, for tokenizing Shakespeare here and in train.py
-        os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(TIKTOKEN_CACHE))
     if not Path(JEMALLOC).is_file():
         raise UserError(f"{JEMALLOC} not found: apt-get install -y libjemalloc2")
     if args.skip < 1 or args.batches <= args.skip + 1:

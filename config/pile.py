@@ -20,7 +20,8 @@ data_local = os.environ.get("DATA_LOCAL", "/tmp/pile-gpt/mds_cache")  # shard ca
 num_workers = 8
 
 # ~0.5M tokens per optimizer step: 480 sequences x 1024 tokens = 491,520 (GPT-3 paper's batch for 125M).
-# On 8 GPUs each takes 60 sequences in 5 microbatches of 12; "auto" finds the largest that fits.
+# On 8 GPUs each takes 60 sequences in 5 microbatches of 12; "auto" finds the largest that fits (GPU only,
+# never run here, so not the default: README "Extending training").
 global_batch_size = 480
 device_train_microbatch_size = 12
 device_eval_batch_size = 16
@@ -40,11 +41,14 @@ sample_prompt = "The meaning of life is"
 
 precision = "auto"  # amp_bf16 on GPU
 compile = False  # True: torch.compile, faster after a few minutes of compiling (not verified here)
+# Composer algorithms and callbacks by name (README "Extending training"), e.g.
+#   algorithms = {"ema": {"half_life": "1000ba"}}
 
 run_name = os.environ.get("RUN_NAME", "pile-gpt2-124m")
 save_folder = os.environ.get("CHECKPOINT_FOLDER", "runs/{run_name}")  # or s3://bucket/prefix
 save_interval = "1000ba"
 save_num_checkpoints_to_keep = 2  # local copies; S3 keeps every checkpoint
 autoresume = True
-progress_bar = True
+progress_bar = False  # one line per log_interval (step, loss, lr, tokens/s, MFU, ETA): readable in log files
+log_interval = 50
 speed_window = 50

@@ -1,5 +1,5 @@
 # A tiny GPT that trains in seconds on a CPU: smoke tests, debugging, the golden-loss test.
-#   python prepare_data.py --input ../shared/data/tinyshakespeare/input.txt --out-dir data/shakespeare
+#   python prepare_data.py --input tests/fixtures/tinyshakespeare.txt --out-dir data/shakespeare
 #   (one .txt file is one document, so this gives no val split and no evaluation; give prepare_data a
 #   .jsonl of many documents and a --val-fraction to evaluate)
 #   python train.py config/tiny.py                      # or: composer -n 2 train.py config/tiny.py

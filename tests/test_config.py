@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import train
+import train_config
 from common import UserError
 from conftest import REPO
 
@@ -133,18 +134,21 @@ def test_setting_data_dir_or_data_remote_replaces_the_other(tmp_path):
         train.load_config([both])
 
 
-def test_batch_must_split_evenly_over_processes_and_microbatches(monkeypatch):
-    args = [*DATA, "--global_batch_size=48", "--device_train_microbatch_size=8"]
-    assert train.load_config(args).global_batch_size == 48
-    monkeypatch.setenv("WORLD_SIZE", "5")
+def test_batch_must_split_evenly_over_processes_and_microbatches():
+    cfg = train.load_config([*DATA, "--global_batch_size=48", "--device_train_microbatch_size=8"])
+    assert cfg.global_batch_size == 48 and cfg.per_rank_batch(1) == 48
     with pytest.raises(UserError, match=r"global_batch_size \(48\) must be divisible by the number of processes \(5\)"):
-        train.load_config(args)
-    monkeypatch.setenv("WORLD_SIZE", "4")  # 12 per process is not a multiple of 8; 6 would be
+        cfg.per_rank_batch(5)
+    # 12 per process is not a multiple of 8; 6 would be
     with pytest.raises(UserError, match=r"\(48 / 4 = 12\) must be a multiple of device_train_microbatch_size "
                                         r"\(8\); e.g. 6"):
-        train.load_config(args)
-    monkeypatch.setenv("WORLD_SIZE", "8")  # 6 per process: one microbatch of 6
-    assert train.load_config(args).device_train_microbatch_size == 8
+        cfg.per_rank_batch(4)
+    assert cfg.per_rank_batch(8) == 6 and cfg.device_train_microbatch_size == 8  # one microbatch of 6
+
+
+def test_train_config_reads_no_environment(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "5")  # the launcher's variables are train.py's business, not the config's
+    assert train.load_config([*DATA, "--global_batch_size=48"]).global_batch_size == 48
 
 
 def test_cli_syntax_errors_are_clear():
@@ -171,7 +175,7 @@ def test_help_lists_every_setting_with_its_comment(capsys):
 
 
 def test_every_field_has_a_comment():
-    comments = train.config_field_comments()
+    comments = train_config.field_comments()
     assert set(comments) == {f.name for f in train.dataclasses.fields(train.TrainConfig)}
 
 

@@ -23,12 +23,13 @@ import uuid
 import warnings
 from collections import Counter
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from conftest import REPO, SHAKESPEARE, TIKTOKEN_CACHE
+from conftest import REPO, SHAKESPEARE
+from data import mds_cache_dir
+from tokenizer import gpt2
 
 mcli = pytest.importorskip("mcli", reason="mosaicml-cli is a dev requirement (pip install -r requirements-dev.txt)")
 from mcli import FinalRunConfig, RunConfig  # noqa: E402
@@ -114,7 +115,6 @@ def run_env(final: FinalRunConfig, s3_server, secret_env: dict, substitutions: d
         env[name] = value
     env.update(secret_env)
     env["S3_ENDPOINT_URL"] = s3_server.endpoint_url  # the YAML's commented line for S3-compatible stores
-    env["TIKTOKEN_CACHE_DIR"] = str(TIKTOKEN_CACHE)
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)
     return env
@@ -423,10 +423,10 @@ def prepared_parts(tmp_path_factory, s3_server, secret_env):
             "parts": [f"{parts_remote}/part-{k:02d}" for k in range(2)]}
 
 
+@pytest.mark.slow
 def test_prepare_parts_hold_every_document_once_in_s3(prepared_parts, s3_server):
-    import tiktoken
 
-    enc = tiktoken.get_encoding("gpt2")
+    enc = gpt2()
     eot = enc.eot_token
     expected = Counter(tuple(enc.encode_ordinary(d)) for name, docs in prepared_parts["corpus"].items()
                        if not name.startswith("test") for d in docs)
@@ -449,6 +449,7 @@ def test_prepare_parts_hold_every_document_once_in_s3(prepared_parts, s3_server)
     assert sorted(files) == sorted(n for n in prepared_parts["corpus"] if not n.startswith("test"))
 
 
+@pytest.mark.slow
 def test_training_command_trains_on_the_prepared_parts_and_checkpoints_to_s3(
         prepared_parts, s3_server, secret_env, tmp_path):
     """pile_gpt.yaml's command with the --data_remote list that prepare_pile.yaml documents: both parts as
@@ -471,8 +472,6 @@ def test_training_command_trains_on_the_prepared_parts_and_checkpoints_to_s3(
     keys = s3_keys(s3_server, folder)
     assert {f"{folder}/ep0-ba2-rank0.pt", f"{folder}/model.pt"} <= keys, keys
     # Both parts were read: each stream's shards are in its own cache folder under DATA_LOCAL.
-    import train
-
     for part in prepared_parts["parts"]:
-        cache = Path(train.mds_cache_dir(SimpleNamespace(data_local=env["DATA_LOCAL"]), part, "train"))
+        cache = Path(mds_cache_dir(env["DATA_LOCAL"], part, "train"))
         assert cache.is_relative_to(env["DATA_LOCAL"]) and list(cache.glob("shard.*.mds*")), part

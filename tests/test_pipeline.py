@@ -6,9 +6,12 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from conftest import REPO, SHAKESPEARE
+from tokenizer import gpt2
 
+pytestmark = [pytest.mark.slow, pytest.mark.s3]
 
 def cli(*args, env=None, cwd=None, timeout=300):
     proc = subprocess.run([*map(str, args)], capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
@@ -17,7 +20,6 @@ def cli(*args, env=None, cwd=None, timeout=300):
 
 
 def test_text_to_tokens_to_mds_to_s3_to_training_to_samples(s3_env, tmp_path):
-    import tiktoken
 
     # 1. Shakespeare's speeches as a JSONL corpus (one document each), 10% held out by document hash.
     docs = [d for d in SHAKESPEARE.read_text().split("\n\n") if d.strip()][:3000]
@@ -29,7 +31,7 @@ def test_text_to_tokens_to_mds_to_s3_to_training_to_samples(s3_env, tmp_path):
         "--num-proc", 2)
     meta = json.loads((tokens_dir / "meta.json").read_text())
     train_tokens = np.fromfile(tokens_dir / "train.bin", dtype=np.uint16)
-    enc = tiktoken.get_encoding("gpt2")
+    enc = gpt2()
     assert meta["splits"]["train"]["tokens"] == len(train_tokens) > 0 and meta["splits"]["val"]["tokens"] > 0
     assert sum(len(enc.encode_ordinary(d)) + 1 for d in docs) == sum(s["tokens"] for s in meta["splits"].values())
 
@@ -50,7 +52,7 @@ def test_text_to_tokens_to_mds_to_s3_to_training_to_samples(s3_env, tmp_path):
               "--block_size=32", "--n_embd=32", "--global_batch_size=4", "--device_train_microbatch_size=4",
               "--max_duration=6ba", "--eval_interval=6ba", "--save_interval=6ba", "--warmup=2ba",
               f"--save_folder={run_dir}", "--sample_length=4", cwd=tmp_path)
-    rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in rows if "loss" in r]
     assert len(losses) == 6 and all(np.isfinite(losses))
     assert rows[-1]["tokens"] == 6 * 4 * 32  # Composer counted the x/y tokens

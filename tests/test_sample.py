@@ -10,11 +10,12 @@ from dataclasses import asdict
 import pytest
 import torch
 
+import checkpoint
 import sample
+from checkpoint import EXPORT_NAME, save_export
 from common import UserError
-from model import EXPORT_NAME, GPT, GPTConfig, save_export
-
 from conftest import REPO
+from model import GPT, GPTConfig
 
 # GPT-2's vocabulary (prompts are tiktoken-encoded), everything else tiny.
 CONFIG = dict(block_size=32, vocab_size=50257, n_layer=2, n_head=2, n_embd=16)
@@ -118,6 +119,7 @@ def test_missing_and_wrong_files_are_one_line_errors(tmp_path):
         sample.main(["--checkpoint", str(other), "--temperature", "0"])
 
 
+@pytest.mark.slow
 def test_cli_prints_one_line_error_and_exits_2(tmp_path):
     proc = subprocess.run([sys.executable, str(REPO / "sample.py"), "--checkpoint", str(tmp_path / "nope.pt")],
                           capture_output=True, text=True, cwd=tmp_path, timeout=120)
@@ -192,7 +194,7 @@ def composer_run(tmp_path_factory):
 def test_composer_checkpoint_loads_with_the_allow_list(composer_run, tmp_path, capsys):
     folder, gpt = composer_run
     assert (folder / "latest-rank0.pt").exists() and not (folder / EXPORT_NAME).exists()
-    loaded = sample.load_model(str(folder / "latest-rank0.pt"))
+    loaded = checkpoint.load_model(str(folder / "latest-rank0.pt"))
     assert loaded.config == gpt.config
     for name, tensor in gpt.state_dict().items():
         assert torch.equal(loaded.state_dict()[name], tensor), name
@@ -207,7 +209,7 @@ def test_composer_checkpoint_needs_the_allow_list(composer_run):
     with pytest.raises(pickle.UnpicklingError):  # plain weights_only=True refuses it: the list is needed
         torch.load(folder / "latest-rank0.pt", weights_only=True)
     unsafe = set(torch.serialization.get_unsafe_globals_in_checkpoint(folder / "latest-rank0.pt"))
-    allowed = {f"{g.__module__}.{g.__qualname__}" for g in sample.COMPOSER_SAFE_GLOBALS}
+    allowed = {f"{g.__module__}.{g.__qualname__}" for g in checkpoint.COMPOSER_SAFE_GLOBALS}
     assert unsafe <= allowed, f"allow-list COMPOSER_SAFE_GLOBALS misses {unsafe - allowed}"
 
 
@@ -228,8 +230,8 @@ def test_composer_checkpoint_without_model_args_needs_n_head(tmp_path, capsys):
     gpt = make_composer_checkpoint(tmp_path, with_model_args=False)
     ckpt = str(tmp_path / "latest-rank0.pt")
     with pytest.raises(UserError, match="pass --n-head"):
-        sample.load_model(ckpt)
-    loaded = sample.load_model(ckpt, n_head=2)
+        checkpoint.load_model(ckpt)
+    loaded = checkpoint.load_model(ckpt, n_head=2)
     assert loaded.config == gpt.config
     assert torch.equal(loaded.lm_head.weight, gpt.lm_head.weight)
 
@@ -237,11 +239,11 @@ def test_composer_checkpoint_without_model_args_needs_n_head(tmp_path, capsys):
 def test_wrapper_prefixes_are_stripped_from_composer_state():
     state = {"model._orig_mod.transformer.wte.weight": torch.zeros(2), "module.model.lm_head.weight": torch.ones(1),
              "_extra_state": {"model_args": {"n_head": 3}}, "other.buffer": torch.zeros(1)}
-    weights, model_args = sample.gpt_state_from_composer(state, "ckpt")
+    weights, model_args = checkpoint.gpt_state_from_composer(state, "ckpt")
     assert set(weights) == {"transformer.wte.weight", "lm_head.weight"}
     assert model_args == {"n_head": 3}
     with pytest.raises(UserError, match="holds no GPT"):
-        sample.gpt_state_from_composer({"model.fc.weight": torch.zeros(1)}, "ckpt")
+        checkpoint.gpt_state_from_composer({"model.fc.weight": torch.zeros(1)}, "ckpt")
 
 
 def test_padded_vocabulary_ids_are_dropped_when_decoding():

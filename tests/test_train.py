@@ -23,6 +23,8 @@ import torch
 import train
 from common import UserError
 from conftest import REPO, SHAKESPEARE
+from data import BinDataset, collate_mds, resumable_sampler, write_token_files
+from tokenizer import gpt2
 
 GOLDEN = REPO / "tests" / "golden" / "tiny_losses.json"
 GOLDEN_TOKENS = 40_000  # of tiny Shakespeare, 90% train / 10% val
@@ -32,28 +34,25 @@ SMALL = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--globa
 
 
 def tokenize(text: str) -> list[int]:
-    import tiktoken
-    return tiktoken.get_encoding("gpt2").encode_ordinary(text) + [50256]
+    return gpt2().encode_ordinary(text) + [50256]
 
 
 @pytest.fixture(scope="session")
-def shakespeare_tokens(shared_data) -> np.ndarray:
+def shakespeare_tokens() -> np.ndarray:
     return np.array(tokenize(SHAKESPEARE.read_text()), dtype=np.uint16)
 
 
 def write_bin(folder: Path, tokens: np.ndarray, val_fraction: float = 0.1) -> Path:
-    """A prepare_data-style folder (train.bin, val.bin, meta.json), made here so the test needs only numpy."""
-    folder.mkdir(parents=True, exist_ok=True)
+    """A prepare_data-style folder (train.bin, val.bin, meta.json) of these tokens, the last val_fraction as val."""
     n_val = int(len(tokens) * val_fraction)
     splits = {"train": tokens[:len(tokens) - n_val], "val": tokens[len(tokens) - n_val:]}
-    meta = {"tokenizer": "gpt2", "vocab_size": 50257, "eot_token": 50256, "dtype": "uint16", "version": 1,
-            "splits": {}}
-    for name, part in splits.items():
-        if len(part):
-            part.astype(np.uint16).tofile(folder / f"{name}.bin")
-            meta["splits"][name] = {"tokens": int(len(part)), "documents": 1, "file": f"{name}.bin"}
-    (folder / "meta.json").write_text(json.dumps(meta))
+    write_token_files(folder, {name: part for name, part in splits.items() if len(part)})
     return folder
+
+
+def batch_log(folder: Path) -> str:
+    """The train.py argument that makes each rank log its batches' sample hashes into folder (tests/batch_log.py)."""
+    return f"--callbacks={{'batch_log:BatchFingerprints': {{'folder': {str(folder)!r}}}}}"
 
 
 def write_mds(out: Path, tokens: np.ndarray, block_size: int, max_samples: int) -> None:
@@ -82,7 +81,7 @@ def mds_dir(tmp_path_factory, shakespeare_tokens) -> Path:
 def run(args: list[str], cwd: Path, nproc: int = 0, timeout: int = 300) -> str:
     """Run train.py in a subprocess: with the real `composer -n NPROC` launcher, or plain python (nproc=0)."""
     launcher = [sys.executable, "-m", "composer.cli.launcher", "-n", str(nproc)] if nproc else [sys.executable]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO / "tests")}  # for batch_log.py
     proc = subprocess.run([*launcher, str(REPO / "train.py"), *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
     out = proc.stdout + proc.stderr
@@ -141,7 +140,7 @@ def assert_resumed_where_it_stopped(first: Path, out: str, keep_batch: int, last
 def test_bin_dataset_windows_do_not_overlap_and_y_is_x_shifted(tmp_path):
     tokens = np.arange(1000, dtype=np.uint16)
     write_bin(tmp_path / "d", tokens, val_fraction=0.0)
-    ds = train.BinDataset(str(tmp_path / "d" / "train.bin"), block_size=10)
+    ds = BinDataset(str(tmp_path / "d" / "train.bin"), block_size=10)
     assert len(ds) == 99  # (1000 - 1) // 10
     s = ds[3]
     assert s["x"].dtype == torch.int64 and s["x"].tolist() == list(range(30, 40))
@@ -151,18 +150,17 @@ def test_bin_dataset_windows_do_not_overlap_and_y_is_x_shifted(tmp_path):
 
 def test_resumable_sampler_skips_what_each_rank_already_trained(tmp_path):
     write_bin(tmp_path / "d", np.arange(2000, dtype=np.uint16), val_fraction=0.0)
-    ds = train.BinDataset(str(tmp_path / "d" / "train.bin"), block_size=10)
-    full = [list(train.ResumableSampler(ds, num_replicas=2, rank=r, shuffle=True, seed=5, drop_last=True))
-            for r in (0, 1)]
+    ds = BinDataset(str(tmp_path / "d" / "train.bin"), block_size=10)
+    full = [list(resumable_sampler(ds, world_size=2, rank=r, seed=5)) for r in (0, 1)]
     assert not set(full[0]) & set(full[1])
     ds.load_state_dict(ds.state_dict(num_samples=12, from_beginning=True))  # 12 samples over 2 ranks
-    sampler = train.ResumableSampler(ds, num_replicas=2, rank=1, shuffle=True, seed=5, drop_last=True)
+    sampler = resumable_sampler(ds, world_size=2, rank=1, seed=5)
     assert list(sampler) == full[1][6:]
     assert list(sampler) == full[1]  # the skip applies once, to the resumed epoch
 
 
 def test_mds_batches_are_int64_pairs():
-    batch = train.collate_mds([{"x": np.arange(4, dtype=np.uint16), "y": np.arange(1, 5, dtype=np.uint16)}] * 3)
+    batch = collate_mds([{"x": np.arange(4, dtype=np.uint16), "y": np.arange(1, 5, dtype=np.uint16)}] * 3)
     assert batch["x"].dtype == torch.int64 and batch["x"].shape == (3, 4) and batch["y"][0].tolist() == [1, 2, 3, 4]
 
 
@@ -175,6 +173,7 @@ def test_auto_microbatch_on_cpu_is_a_clear_error(bin_dir, tmp_path):
                     f"--save_folder={tmp_path}"])
 
 
+@pytest.mark.slow
 def test_missing_data_is_a_clear_error(tmp_path):
     with pytest.raises(UserError, match="data_dir .*nope not found: make it with prepare_data.py"):
         train.main([f"--data_dir={tmp_path / 'nope'}", "--device=cpu", f"--save_folder={tmp_path / 'run'}"])
@@ -198,11 +197,12 @@ def test_existing_checkpoints_are_never_overwritten_by_a_new_run(bin_dir, tmp_pa
 # --------------------------------------------------------------------------------------------------------
 # Training runs.
 
+@pytest.mark.slow
 def test_bin_training_with_composer_checkpoints_exports_and_resumes_at_the_same_data_position(bin_dir, tmp_path):
     run_dir = tmp_path / "run"
     args = [str(REPO / "config" / "tiny.py"), f"--data_dir={bin_dir}", *SMALL, "--max_duration=6ba",
             "--save_interval=3ba", "--eval_interval=3ba", "--eval_subset_num_batches=2", f"--save_folder={run_dir}",
-            "--debug_batch_log=True", "--device=cpu"]
+            batch_log(run_dir), "--device=cpu"]
     out = run(args, tmp_path, nproc=1)
     losses = losses_by_batch(run_dir)
     assert sorted(losses) == [1, 2, 3, 4, 5, 6] and all(math.isfinite(v) for v in losses.values())
@@ -214,7 +214,7 @@ def test_bin_training_with_composer_checkpoints_exports_and_resumes_at_the_same_
     saved = json.loads((run_dir / "config.json").read_text())
     assert saved["config"]["max_duration"] == "6ba" and saved["world_size"] == 1
     assert checkpoint_state(run_dir / "ep0-ba3-rank0.pt")["timestamp"]["Timestamp"]["token"] == 3 * 4 * 32
-    from model import load_export
+    from checkpoint import load_export
     exported = load_export(run_dir / "model.pt")
     assert exported.config.n_embd == 32
 
@@ -223,11 +223,12 @@ def test_bin_training_with_composer_checkpoints_exports_and_resumes_at_the_same_
     assert_resumed_where_it_stopped(run_dir, out, keep_batch=3, last_batch=6)
 
 
+@pytest.mark.slow
 def test_local_mds_training_resumes_the_streaming_position(mds_dir, tmp_path, capsys):
     run_dir = tmp_path / "run"
     args = [str(REPO / "config" / "tiny.py"), f"--data_dir={mds_dir}", *SMALL, "--max_duration=4ba",
             "--save_interval=2ba", "--eval_interval=4ba", "--eval_subset_num_batches=2", f"--save_folder={run_dir}",
-            "--debug_batch_log=True", "--device=cpu", "--sample_length=0"]
+            batch_log(run_dir), "--device=cpu", "--sample_length=0"]
     train.main(args)  # in this process: the same code path as `python train.py`, without a second start-up
     losses = losses_by_batch(run_dir)
     assert sorted(losses) == [1, 2, 3, 4] and all(math.isfinite(v) for v in losses.values())
@@ -240,6 +241,7 @@ def test_local_mds_training_resumes_the_streaming_position(mds_dir, tmp_path, ca
     assert_resumed_where_it_stopped(run_dir, capsys.readouterr().out, keep_batch=2, last_batch=4)
 
 
+@pytest.mark.slow
 def test_two_processes_train_data_parallel_on_different_mds_samples_from_s3_and_save_to_s3(s3_env, mds_dir,
                                                                                           tmp_path):
     client = s3_env.client()
@@ -249,7 +251,7 @@ def test_two_processes_train_data_parallel_on_different_mds_samples_from_s3_and_
     args = [str(REPO / "config" / "tiny.py"), f"--data_remote=s3://{s3_env.bucket}/pile/mds", *SMALL,
             f"--data_local={tmp_path / 'cache'}", "--max_duration=3ba", "--eval_interval=3ba",
             "--eval_subset_num_batches=1", f"--save_folder=s3://{s3_env.bucket}/runs/s3run", "--save_interval=3ba",
-            "--device=cpu", "--sample_length=0", "--run_name=s3run", "--debug_batch_log=True"]
+            "--device=cpu", "--sample_length=0", "--run_name=s3run", batch_log(tmp_path / "runs" / "s3run")]
     out = run(args, tmp_path, nproc=2)
     assert s3_env.secret_key not in out
     run_dir = tmp_path / "runs" / "s3run"  # the local side of an S3 run: logs, metrics, debug files
@@ -271,6 +273,7 @@ def test_two_processes_train_data_parallel_on_different_mds_samples_from_s3_and_
     assert (tmp_path / "cache" / f"{s3_env.bucket}_pile_mds" / "train" / "index.json").is_file()
 
 
+@pytest.mark.slow
 def test_a_run_without_validation_data_trains_and_never_evaluates(shakespeare_tokens, tmp_path, capsys):
     data = write_bin(tmp_path / "noval", shakespeare_tokens[:20_000], val_fraction=0.0)
     assert not (data / "val.bin").exists()
@@ -280,6 +283,7 @@ def test_a_run_without_validation_data_trains_and_never_evaluates(shakespeare_to
     assert [r["batch"] for r in rows] == [1, 2] and not any("val_loss" in r for r in rows)
 
 
+@pytest.mark.slow
 def test_shakespeare_val_loss_falls_far_below_uniform(bin_dir, tmp_path):
     run_dir = tmp_path / "run"
     train.main([str(REPO / "config" / "tiny.py"), f"--data_dir={bin_dir}", "--block_size=32", "--learning_rate=1e-2",
@@ -291,6 +295,7 @@ def test_shakespeare_val_loss_falls_far_below_uniform(bin_dir, tmp_path):
     assert len(val) == 1 and val[0] < 6.9
 
 
+@pytest.mark.slow
 def test_golden_losses_of_tiny_config(shakespeare_tokens, tmp_path):
     data = write_bin(tmp_path / "golden", shakespeare_tokens[:GOLDEN_TOKENS])
     run_dir = tmp_path / "run"
@@ -304,3 +309,27 @@ def test_golden_losses_of_tiny_config(shakespeare_tokens, tmp_path):
                                       "losses": losses}, indent=2) + "\n")
     golden = json.loads(GOLDEN.read_text())["losses"]
     np.testing.assert_allclose(losses, golden, rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_cluster_logs_are_plain_lines_and_every_setting_reaches_the_loggers(bin_dir, tmp_path):
+    hyper = tmp_path / "hyperparameters.json"
+    out = run([str(REPO / "config" / "tiny.py"), f"--data_dir={bin_dir}", *SMALL, "--max_duration=6ba",
+               "--log_interval=2", "--speed_window=2", "--progress_bar=False", "--device=cpu",
+               f"--save_folder={tmp_path / 'run'}",
+               f"--callbacks={{'batch_log:HyperparameterLog': {{'path': {str(hyper)!r}}}}}"], tmp_path, nproc=1)
+    assert "\x1b[" not in out and "\r" not in out  # no cursor codes: a log file stays readable
+    steps = [line for line in out.splitlines() if line.startswith("step ") and "| loss " in line]
+    assert [line.split()[1] for line in steps] == ["1/6ba", "2/6ba", "4/6ba", "6/6ba"]
+    assert "k tok/s" in steps[-1] and " | eta 0h00m" in steps[-2]  # tokens/s over the last 2 batches; time left
+    logged = json.loads(hyper.read_text())
+    assert logged["learning_rate"] == 3e-3 and logged["max_duration"] == "6ba" and logged["n_layer"] == 2
+
+
+@pytest.mark.slow
+def test_help_answers_without_importing_torch():
+    result = subprocess.run([sys.executable, "-X", "importtime", str(REPO / "train.py"), "--help"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "learning_rate = 0.0006" in result.stdout
+    imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines() if "|" in line}
+    assert "torch" not in imported and "composer" not in imported

@@ -1,0 +1,239 @@
+"""What runs beside the training loop: train.py's Composer callbacks and loggers.
+
+- `SampleText`: a short text sample from the model after each evaluation and at the end (rank 0 prints it).
+- `ExportModel`: the weights-only model.pt (checkpoint.save_export) every save_interval and at the end.
+- `StopOnNonFinite`: ends the run at the first NaN/inf loss or weight, before it is evaluated or saved.
+- `MetricsLog`: one JSON line per batch in metrics.jsonl (loss, lr, tokens/s, MFU, val loss), and the
+  one-line step log when the progress bar is off.
+- `build_loggers`: W&B, TensorBoard, MLflow, by setting. (Composer's algorithms and callbacks by name, and the
+  user's callbacks by import path, are extensions.py's.)
+
+Each is a Composer `Callback` or `LoggerDestination`: it acts on the events it defines a method for
+(`eval_after_all`, `fit_end`, `batch_checkpoint`, ...) and sees the trainer's `State`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Optional
+
+import torch
+from composer.core import Callback, Event, State
+from composer.core.precision import get_precision_context
+from composer.loggers import Logger, LoggerDestination
+from composer.models import ComposerModel
+from composer.utils import create_interval_scheduler, dist, model_eval_mode
+
+from checkpoint import EXPORT_NAME, save_export
+from common import UserError
+from model import GPT
+
+
+def composer_model(state: State) -> ComposerModel:
+    """The ComposerModel inside the trainer's model (DistributedDataParallel wraps it on several ranks)."""
+    model = state.model
+    while not isinstance(model, ComposerModel):
+        model = model.module
+    return model
+
+
+def use_ema_weights(state: State) -> None:
+    """Swap Composer EMA's averaged weights into the model (on every rank), if an EMA has started and they are not
+    in yet. Composer itself swaps them in at each checkpoint (algorithms run before callbacks, and the checkpoint
+    and the export share save_interval); this covers the end of a run stopped early (early_stopper), where no
+    checkpoint is due. The next batch swaps the training weights back, as after a checkpoint."""
+    from composer.algorithms import EMA
+
+    for algorithm in state.algorithms:
+        if isinstance(algorithm, EMA) and algorithm.ema_started and not algorithm.ema_weights_active:
+            algorithm._ensure_ema_weights_active(state)  # what EMA does at a checkpoint (Composer 0.32)
+
+
+class SampleText(Callback):
+    """Generates a short text from the model after each evaluation and at the end of training (printed by rank 0)."""
+
+    def __init__(self, prompt: str, max_new_tokens: int, block_size: int, temperature: float = 0.8, top_k: int = 200,
+                 seed: int = 0):
+        from tokenizer import EOT_ID, gpt2
+
+        self.enc, self.prompt_ids = gpt2(), gpt2().encode_ordinary(prompt) or [EOT_ID]
+        self.max_new_tokens, self.block_size = max_new_tokens, block_size
+        self.temperature, self.top_k, self.seed = temperature, top_k, seed
+        self.last_batch = -1
+
+    def eval_after_all(self, state: State, logger: Logger) -> None:
+        self._sample(state, logger)
+
+    def fit_end(self, state: State, logger: Logger) -> None:
+        self._sample(state, logger)
+
+    @torch.no_grad()
+    def _sample(self, state: State, logger: Logger) -> None:
+        batch = int(state.timestamp.batch)
+        if batch == self.last_batch:
+            return
+        self.last_batch = batch
+        wrapper = composer_model(state)
+        if not state.fsdp_enabled and dist.get_global_rank() != 0:
+            return  # under FSDP every rank must run the forward passes together
+        gpt = wrapper.model  # the GPT, or its FSDP wrapper (which all-gathers the weights)
+        device = next(wrapper.parameters()).device
+        idx = torch.tensor([self.prompt_ids], dtype=torch.long, device=device)
+        devices = [device] if device.type == "cuda" else []
+        # A private RNG stream: sampling must not change the training run's random state.
+        with torch.random.fork_rng(devices=devices), model_eval_mode(wrapper), get_precision_context(state.precision):
+            torch.manual_seed(self.seed + batch)
+            for _ in range(self.max_new_tokens):
+                logits, _ = gpt(idx[:, -self.block_size:])
+                logits = logits[:, -1, :].float() / self.temperature  # (1, V)
+                if not torch.isfinite(logits).all():  # a diverging model: say so, do not crash the run
+                    if dist.get_global_rank() == 0:
+                        print(f"sample at batch {batch}: none (the model's outputs are not finite)", flush=True)
+                    return
+                v, _ = torch.topk(logits, min(self.top_k, logits.size(-1)))
+                logits[logits < v[:, [-1]]] = -float("inf")
+                idx = torch.cat((idx, torch.multinomial(torch.softmax(logits, dim=-1), 1)), dim=1)
+        if dist.get_global_rank() == 0:
+            text = self.enc.decode([t for t in idx[0].tolist() if t < self.enc.n_vocab])
+            print(f"sample at batch {batch}: {text!r}", flush=True)
+            logger.log_table(columns=["batch", "sample"], rows=[[batch, text]], name="samples")
+
+
+class ExportModel(Callback):
+    """Writes model.pt (checkpoint.save_export: weights only, for sample.py) every save_interval and at the end.
+
+    With Composer's EMA algorithm on, model.pt holds the EMA weights, not the raw training weights: they are the
+    weights Composer evaluates (the val loss in metrics.jsonl is theirs) and saves as the model in its checkpoints,
+    and a smoother model for inference is why one turns EMA on. The raw weights stay in the Composer checkpoint
+    (in EMA's state), for resuming."""
+
+    def __init__(self, save_interval: str, local_dir: str, remote_name: Optional[str]):
+        self.should_export = create_interval_scheduler(save_interval)
+        self.local_path = os.path.join(local_dir, EXPORT_NAME)
+        self.remote_name = remote_name  # object key under the S3 bucket, or None for a local save_folder
+        self.last_batch = -1
+
+    def run_event(self, event: Event, state: State, logger: Logger) -> None:
+        if event in (Event.BATCH_CHECKPOINT, Event.EPOCH_CHECKPOINT) and self.should_export(state, event):
+            self.export(state, logger)
+        elif event == Event.FIT_END:
+            self.export(state, logger)
+
+    def export(self, state: State, logger: Logger) -> None:
+        batch = int(state.timestamp.batch)
+        if batch == self.last_batch:
+            return
+        self.last_batch = batch
+        use_ema_weights(state)
+        wrapper = composer_model(state)
+        if state.fsdp_enabled:  # gather the full weights on rank 0 (every rank takes part), then copy them
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+            weights = get_model_state_dict(wrapper.model, options=StateDictOptions(full_state_dict=True,
+                                                                                   cpu_offload=True))
+            if dist.get_global_rank() != 0:
+                return
+            gpt = GPT(wrapper.model.config)
+            gpt.load_state_dict(weights)
+        else:
+            if dist.get_global_rank() != 0:
+                return
+            gpt = wrapper.model
+        save_export(gpt, self.local_path)
+        if self.remote_name:
+            logger.upload_file(self.remote_name, self.local_path, overwrite=True)
+
+
+class StopOnNonFinite(Callback):
+    """Ends the run at the first batch whose loss or updated weights hold a NaN or an infinity (on any rank),
+    or whose validation loss does, before that batch's checkpoint or export: the last checkpoint on disk
+    stays a good one."""
+
+    def __init__(self, learning_rate: float):
+        self.learning_rate = learning_rate
+
+    def batch_end(self, state: State, logger: Logger) -> None:  # after the optimizer step, before the checkpoint
+        losses = list(state.loss.values()) if isinstance(state.loss, dict) else [state.loss]
+        tensors = [t.detach() for t in losses] + [p.detach() for p in composer_model(state).parameters()]
+        finite = torch.stack([torch.isfinite(t).all() for t in tensors]).all()
+        bad = (~finite).float().reshape(1)
+        dist.all_reduce(bad, reduce_operation="MAX")  # every rank stops together
+        if bad.item():
+            what = "loss" if not all(torch.isfinite(t).all() for t in losses) else "weights after the update"
+            self.stop(f"training {what}", state)
+
+    def eval_after_all(self, state: State, logger: Logger) -> None:  # weights so large that outputs overflow
+        value = state.eval_metric_values.get("LanguageCrossEntropy")
+        if value is not None and not torch.isfinite(torch.as_tensor(value)).all():
+            self.stop("validation loss", state)
+
+    def stop(self, what: str, state: State) -> None:
+        raise UserError(f"the {what} went NaN or infinite at batch {int(state.timestamp.batch)}, so the run "
+                        f"stopped before saving it: lower --learning_rate (now {self.learning_rate:g}) or raise "
+                        f"--warmup, then continue from the last good checkpoint with --autoresume=True")
+
+
+class MetricsLog(LoggerDestination):
+    """Collects what Composer logs for each batch into one JSON line of metrics.jsonl (rank 0); prints
+    a one-line summary every log_interval batches when the progress bar is off, and every evaluation."""
+
+    KEYS = {"loss/train/total": "loss", "throughput/tokens_per_sec": "tokens_per_sec",
+            "throughput/device/mfu": "mfu", "metrics/val/LanguageCrossEntropy": "val_loss",
+            "metrics/val/LanguagePerplexity": "val_ppl", "lr-AdamW/group0": "lr",
+            "time/remaining_estimate": "eta_s",  # RuntimeEstimator(time_unit="seconds")
+            "memory/peak_allocated_mem": "peak_mem_gb"}  # MemoryMonitor (GPU only), in GB
+
+    def __init__(self, path: str, log_interval: int, print_steps: bool, remote_name: Optional[str] = None):
+        self.path, self.log_interval, self.print_steps = path, log_interval, print_steps
+        self.remote_name = remote_name  # object key to upload the file to at the end (S3 save_folder)
+        self.row: dict[str, Any] = {}
+        self.t0 = time.time()
+
+    def fit_end(self, state: State, logger: Logger) -> None:
+        if self.remote_name and dist.get_global_rank() == 0 and os.path.isfile(self.path):
+            logger.upload_file(self.remote_name, self.path, overwrite=True)
+
+    def log_metrics(self, metrics: dict[str, float], step: Optional[int] = None) -> None:
+        for key, value in metrics.items():
+            if key in self.KEYS:
+                self.row[self.KEYS[key]] = float(value)
+
+    def batch_checkpoint(self, state: State, logger: Logger) -> None:
+        # After BATCH_END and the evaluations of this batch: the row is complete.
+        if dist.get_global_rank() != 0:
+            return
+        batch, total = int(state.timestamp.batch), state.max_duration
+        row = {"batch": batch, "tokens": int(state.timestamp.token), "time_s": round(time.time() - self.t0, 3),
+               **self.row}
+        self.row = {}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        if self.print_steps and (batch % self.log_interval == 0 or batch == 1) and "loss" in row:
+            tps = f"{row['tokens_per_sec'] / 1000:.1f}k tok/s" if "tokens_per_sec" in row else "- tok/s"
+            mfu = f" | mfu {100 * row['mfu']:.1f}%" if "mfu" in row else ""
+            eta = f" | eta {int(row['eta_s']) // 3600}h{int(row['eta_s']) % 3600 // 60:02d}m" if "eta_s" in row else ""
+            print(f"step {batch}/{total} | loss {row['loss']:.4f} | lr {row.get('lr', 0):.2e} | {tps}{mfu}{eta}",
+                  flush=True)
+        if "val_loss" in row:
+            print(f"step {batch}/{total} | val loss {row['val_loss']:.4f} | val ppl {row['val_ppl']:.2f}",
+                  flush=True)
+
+
+def build_loggers(cfg) -> list:
+    """The optional experiment trackers a TrainConfig turns on."""
+    loggers = []
+    try:
+        if cfg.wandb_log:
+            from composer.loggers import WandBLogger
+            loggers.append(WandBLogger(project=cfg.wandb_project, name=cfg.run_name))
+        if cfg.tensorboard_log:
+            from composer.loggers import TensorboardLogger
+            loggers.append(TensorboardLogger(log_dir=cfg.tensorboard_dir.format(run_name=cfg.run_name)))
+        if cfg.mlflow_log:
+            from composer.loggers import MLFlowLogger
+            loggers.append(MLFlowLogger(experiment_name=cfg.mlflow_experiment, run_name=cfg.run_name))
+    except ImportError as e:  # Composer raises MissingConditionalImportError (an ImportError) for these
+        raise UserError(f"a logger's package is not installed: {str(e).splitlines()[0]}") from None
+    return loggers
+

@@ -1,0 +1,95 @@
+"""Faults at the edges of a long run, through train.py's command line: a kill during a checkpoint write, a
+truncated checkpoint, a diverging loss, a changed model on resume. Each either resumes or stops with one
+line, and what the user already has is kept."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import REPO
+from data import write_token_files
+from test_train import SMALL, checkpoint_state, losses_by_batch
+
+pytestmark = pytest.mark.slow
+ARGS = [*SMALL, "--device=cpu", "--sample_length=8", "--eval_interval=3ba", "--eval_subset_num_batches=1",
+        "--progress_bar=False", "--save_interval=3ba", "--run_name=faults"]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    rng = np.random.default_rng(0)
+    folder = tmp_path_factory.mktemp("data") / "d"
+    write_token_files(folder, {"train": rng.integers(0, 50257, 20_000), "val": rng.integers(0, 50257, 3_000)})
+    return folder
+
+
+def train_py(*args, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO / "tests")}  # for faults.py
+    return subprocess.run([sys.executable, str(REPO / "train.py"), *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def error_lines(result: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in result.stderr.splitlines() if line.startswith("error:")]
+
+
+def test_a_kill_during_a_checkpoint_write_resumes_from_the_previous_checkpoint(data_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    args = [f"--data_dir={data_dir}", *ARGS, f"--save_folder={run_dir}", "--max_duration=6ba"]
+    killed = train_py(*args, "--callbacks={'faults:KillDuringCheckpoint': {'batch': 6}}", cwd=tmp_path)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    half = (run_dir / "ep0-ba6-rank0.pt").stat().st_size
+    assert os.readlink(run_dir / "latest-rank0.pt") == "ep0-ba3-rank0.pt"  # Composer had not moved it yet
+
+    resumed = train_py(*args, "--autoresume=True", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "set aside" in resumed.stdout and "resuming from ep0-ba3-rank0.pt" in resumed.stdout
+    assert "resumed at batch 3" in resumed.stdout
+    broken = list(run_dir.glob("ep0-ba6-rank0.pt.broken-*"))
+    assert len(broken) == 1 and broken[0].stat().st_size == half  # set aside as it was, not deleted
+    assert checkpoint_state(run_dir / "ep0-ba6-rank0.pt")["timestamp"]["Timestamp"]["batch"] == 6
+
+
+def test_a_truncated_latest_checkpoint_falls_back_to_the_one_before(data_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    args = [f"--data_dir={data_dir}", *ARGS, f"--save_folder={run_dir}"]
+    assert train_py(*args, "--max_duration=6ba", cwd=tmp_path).returncode == 0
+    latest = run_dir / "ep0-ba6-rank0.pt"
+    assert os.readlink(run_dir / "latest-rank0.pt") == latest.name
+    with open(latest, "r+b") as f:
+        f.truncate(latest.stat().st_size // 3)
+    resumed = train_py(*args, "--max_duration=9ba", "--autoresume=True", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed at batch 3" in resumed.stdout
+    assert checkpoint_state(run_dir / "ep0-ba9-rank0.pt")["timestamp"]["Timestamp"]["batch"] == 9
+
+
+def test_a_diverging_loss_stops_the_run_before_any_bad_checkpoint(data_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    result = train_py(f"--data_dir={data_dir}", *ARGS, f"--save_folder={run_dir}", "--max_duration=12ba",
+                      "--save_interval=2ba", "--eval_interval=2ba", "--learning_rate=1e6", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert len(error_lines(result)) == 1 and "went NaN or infinite at batch" in error_lines(result)[0]
+    saved = sorted(run_dir.glob("ep0-ba*-rank0.pt"))
+    assert saved, "at least the first checkpoint was good"
+    for path in saved:  # every checkpoint left holds finite weights
+        weights = checkpoint_state(path)["model"]
+        assert all(torch.isfinite(w).all() for w in weights.values() if torch.is_tensor(w)), path
+    last = max(int(p.name.split("-ba")[1].split("-")[0]) for p in saved)
+    assert max(losses_by_batch(run_dir)) <= last + 2  # stopped within a couple of batches of the last save
+
+
+def test_resuming_with_another_model_shape_is_one_line(data_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    args = [f"--data_dir={data_dir}", *ARGS, f"--save_folder={run_dir}", "--max_duration=3ba"]
+    assert train_py(*args, cwd=tmp_path).returncode == 0
+    result = train_py(*args, "--max_duration=6ba", "--autoresume=True", "--n_layer=3", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert error_lines(result) == [
+        f"error: autoresume: the checkpoints in {run_dir} are of another model: n_layer=3 (the run has 2); resume "
+        f"with the run's settings ({run_dir / 'config.json'}) or start a new run with another --run_name"]

@@ -1,0 +1,357 @@
+"""train.py's settings: `TrainConfig` (every setting, its default and meaning) and how they are filled.
+
+    cfg = load_config(["config/tiny.py", "--max_duration=50ba"])   # files, then --key=value, in order
+    print(usage())                                                 # python train.py --help
+
+Config files (config/*.py) are plain Python assignments `name = value`, read with runpy (imports, functions
+and _private names are skipped); a file may set `base = "pile.py"` to start from another file (relative to
+its own folder). Files and `--key=value` arguments apply in the order given, later wins; setting data_dir
+drops an earlier data_remote and the other way round. Unknown keys are errors with a did-you-mean, values
+are checked against the field's annotation (an int is fine for a float; `true`/`false` for bools), and
+`--key=value` values are Python literals where they parse as one (`--bias=False`, `--run_name=None`,
+`--data_remote="['s3://a/mds', 's3://b/mds']"`), else text (`--max_duration=10ba`).
+
+Imports nothing heavy at module level, so `python train.py --help` answers at once.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import inspect
+import os
+import re
+import runpy
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence, Union
+
+from common import UserError
+
+
+@dataclass
+class TrainConfig:
+    # model (GPTConfig)
+    n_layer: int = 12  # transformer blocks
+    n_head: int = 12  # attention heads per block
+    n_embd: int = 768  # residual stream width; a multiple of n_head
+    block_size: int = 1024  # tokens per training sample (context length T)
+    vocab_size: int = 50257  # GPT-2 BPE; 50304 (a multiple of 64) runs faster on GPU
+    dropout: float = 0.0  # 0.0 for pretraining
+    bias: bool = True  # biases in Linear and LayerNorm, like GPT-2
+    init_from: str = "scratch"  # weights: scratch, gpt2(-medium/-large/-xl), a HF GPT-2 folder, a pile-gpt checkpoint
+    # data
+    data_dir: Optional[str] = None  # local folder: prepare_data's train.bin/val.bin, or MDS train/ and val/
+    data_remote: Union[str, list[str], None] = None  # MDS root with train/ (+ val/), local or s3://; a list: streams
+    data_local: str = "data/mds_cache"  # local cache of remote MDS shards (one subfolder per root and split)
+    data_format: str = "auto"  # "auto" (look inside data_dir), "bin" or "mds"
+    num_workers: int = 0  # DataLoader worker processes per rank (0 = load in the training process)
+    # batch
+    global_batch_size: int = 480  # sequences per optimizer step over all ranks (x block_size tokens)
+    device_train_microbatch_size: Union[int, str] = 12  # sequences per forward/backward per device; "auto" (GPU)
+    device_eval_batch_size: Optional[int] = None  # eval sequences per batch per device; None = the train microbatch
+    # optimizer and schedule
+    learning_rate: float = 6e-4  # peak learning rate, reached after warmup
+    min_lr: float = 6e-5  # learning rate at the end of the cosine decay
+    weight_decay: float = 0.1  # AdamW weight decay on 2-D weights only
+    beta1: float = 0.9  # AdamW beta1
+    beta2: float = 0.95  # AdamW beta2
+    grad_clip: float = 1.0  # clip the gradient's global norm to this; 0 = no clipping
+    warmup: str = "700ba"  # linear warmup, a Composer time string in max_duration's unit (or "0.01dur")
+    max_duration: str = "19073ba"  # training length: "19073ba" batches, "10000000000tok" tokens, "1ep" epochs
+    # evaluation
+    eval_interval: str = "1000ba"  # evaluate on the val split this often (and at the end)
+    eval_subset_num_batches: int = 20  # val batches per evaluation; -1 = the whole val split
+    sample_prompt: str = ""  # prompt of the text sample printed at each evaluation; "" = <|endoftext|>
+    sample_length: int = 48  # tokens generated for that sample; 0 = no samples
+    # system
+    device: str = "auto"  # "auto" (GPU when CUDA is available), "gpu" or "cpu"
+    precision: str = "auto"  # "auto" (amp_bf16 on GPU, fp32 on CPU), "fp32", "amp_bf16", "amp_fp16"
+    compile: bool = False  # torch.compile the model
+    fsdp: bool = False  # shard parameters, gradients and optimizer state over GPUs (FSDP FULL_SHARD)
+    seed: int = 1337  # seeds model init, data order and dropout
+    cpu_malloc_tune: bool = True  # on CPU with glibc: keep big freed blocks for reuse (mallopt), 2-4x faster steps
+    # checkpoints and logs
+    run_name: Optional[str] = None  # name of the run; None = the last config file's name (e.g. "pile")
+    save_folder: str = "runs/{run_name}"  # checkpoints, export, config and logs: local folder or s3://bucket/prefix
+    save_interval: str = "1000ba"  # checkpoint (and model.pt export) this often, and at the end
+    save_num_checkpoints_to_keep: int = -1  # local checkpoints kept; -1 = all
+    save_overwrite: bool = False  # allow a new run to overwrite checkpoints already in save_folder
+    autoresume: bool = False  # continue from the last checkpoint in save_folder when there is one
+    progress_bar: bool = True  # Composer's progress bar; False prints one line every log_interval batches
+    log_interval: int = 10  # batches between one-line progress logs (when progress_bar=False)
+    speed_window: int = 50  # batches averaged by SpeedMonitor for tokens/s and MFU
+    algorithms: dict = field(default_factory=dict)  # Composer algorithms by name: {"ema": {"half_life": "1000ba"}}
+    callbacks: dict = field(default_factory=dict)  # more callbacks: {"optimizer_monitor": {}, "module.path:Class": {}}
+    wandb_log: bool = False  # log to Weights & Biases (pip install wandb; WANDB_API_KEY)
+    wandb_project: str = "pile-gpt"  # W&B project
+    tensorboard_log: bool = False  # write TensorBoard event files to tensorboard_dir (pip install tensorboard)
+    tensorboard_dir: str = "tb_logs/{run_name}"  # TensorBoard folder
+    mlflow_log: bool = False  # log to MLflow (pip install mlflow; MLFLOW_TRACKING_URI)
+    mlflow_experiment: str = "pile-gpt"  # MLflow experiment name
+
+    def __post_init__(self):
+        """Cross-field rules; a ValueError listing every broken one. Model-shape rules live in GPTConfig."""
+        from composer.core import Time, TimeUnit
+
+        from extensions import check_algorithms, check_callbacks
+
+        errors = []
+        try:
+            self.model_config()
+        except ValueError as e:
+            errors.append(str(e).replace("GPTConfig.", ""))
+        if self.global_batch_size < 1:
+            errors.append(f"global_batch_size must be >= 1, got {self.global_batch_size}")
+        if self.data_format not in ("auto", "bin", "mds"):
+            errors.append(f"data_format must be 'auto', 'bin' or 'mds', got {self.data_format!r}")
+        if self.data_dir is None and self.data_remote is None:
+            errors.append("no data: set data_dir (a prepare_data or to_mds folder) or data_remote (MDS, local or "
+                          "s3://)")
+        if self.data_dir is not None and self.data_remote is not None:
+            errors.append(f"both data_dir ({self.data_dir}) and data_remote are set: pass --data_remote=None "
+                          "or --data_dir=None")
+        if self.data_dir is not None and "://" in self.data_dir:
+            errors.append(f"data_dir must be a local folder, got {self.data_dir}: use data_remote for MDS on S3")
+        if self.data_remote is not None and self.data_format == "bin":
+            errors.append("data_remote is read as MDS: data_format='bin' only works with data_dir")
+        if isinstance(self.data_remote, list) and not self.data_remote:
+            errors.append("data_remote is an empty list")
+        if self.num_workers < 0:
+            errors.append(f"num_workers must be >= 0, got {self.num_workers}")
+        mb = self.device_train_microbatch_size
+        if isinstance(mb, str) and mb != "auto":
+            errors.append(f"device_train_microbatch_size must be an integer or 'auto', got {mb!r}")
+        if isinstance(mb, int) and mb < 1:
+            errors.append(f"device_train_microbatch_size must be >= 1, got {mb}")
+        if self.device_eval_batch_size is not None and self.device_eval_batch_size < 1:
+            errors.append(f"device_eval_batch_size must be >= 1, got {self.device_eval_batch_size}")
+        if not 0 < self.learning_rate:
+            errors.append(f"learning_rate must be > 0, got {self.learning_rate}")
+        elif not 0 <= self.min_lr <= self.learning_rate:
+            errors.append(f"min_lr must be in [0, learning_rate={self.learning_rate}], got {self.min_lr}")
+        if not self.init_from.strip():
+            errors.append("init_from is empty: pass scratch, gpt2, a Hugging Face folder or a pile-gpt checkpoint")
+        if self.grad_clip < 0:
+            errors.append(f"grad_clip must be >= 0 (0 = off), got {self.grad_clip}")
+        units = {}
+        for name in ("warmup", "max_duration", "eval_interval", "save_interval"):
+            try:
+                units[name] = Time.from_timestring(getattr(self, name)).unit
+            except (ValueError, TypeError) as e:
+                errors.append(f"{name}={getattr(self, name)!r} is not a Composer time string like '1000ba', "
+                              f"'10000000tok', '1ep' or '0.1dur' ({e})")
+        if units.get("max_duration") == TimeUnit.DURATION:
+            errors.append("max_duration cannot be in 'dur' (a fraction of itself)")
+        elif "warmup" in units and "max_duration" in units:
+            as_batches = {TimeUnit.EPOCH: TimeUnit.BATCH}  # how Composer's scheduler converts epochs
+            warm = as_batches.get(units["warmup"], units["warmup"])
+            total = as_batches.get(units["max_duration"], units["max_duration"])
+            if warm not in (total, TimeUnit.DURATION):
+                errors.append(f"warmup ({self.warmup}) must use max_duration's unit ({self.max_duration}) or "
+                              f"be a fraction like '0.01dur'")
+        if self.eval_subset_num_batches == 0 or self.eval_subset_num_batches < -1:
+            errors.append(f"eval_subset_num_batches must be -1 (all) or >= 1, got {self.eval_subset_num_batches}")
+        if self.sample_length < 0:
+            errors.append(f"sample_length must be >= 0, got {self.sample_length}")
+        if self.device not in ("auto", "gpu", "cpu"):
+            errors.append(f"device must be 'auto', 'gpu' or 'cpu', got {self.device!r}")
+        if self.precision not in ("auto", "fp32", "amp_bf16", "amp_fp16"):
+            errors.append(f"precision must be 'auto', 'fp32', 'amp_bf16' or 'amp_fp16', got {self.precision!r}")
+        if self.autoresume and not self.run_name:
+            errors.append("autoresume needs a run_name: the name that finds the run's checkpoints again")
+        if self.log_interval < 1 or self.speed_window < 1:
+            errors.append("log_interval and speed_window must be >= 1")
+        errors += check_algorithms(self.algorithms, self.grad_clip) + check_callbacks(self.callbacks)  # extensions.py
+        if errors:
+            raise ValueError("; ".join(errors))
+
+    def model_config(self):
+        from model import GPTConfig
+
+        return GPTConfig(block_size=self.block_size, vocab_size=self.vocab_size, n_layer=self.n_layer,
+                         n_head=self.n_head, n_embd=self.n_embd, dropout=self.dropout, bias=self.bias)
+
+    def per_rank_batch(self, world_size: int) -> int:
+        """Sequences per process and step. One global batch must split evenly over the processes and into
+        whole microbatches, so that 1 or 8 devices train on exactly the same batches; a microbatch larger
+        than the per-process batch just means one microbatch."""
+        per_rank, mb = self.global_batch_size // world_size, self.device_train_microbatch_size
+        if self.global_batch_size % world_size:
+            raise UserError(f"global_batch_size ({self.global_batch_size}) must be divisible by the number of "
+                            f"processes ({world_size})")
+        if isinstance(mb, int) and mb < per_rank and per_rank % mb:
+            fits = [d for d in range(1, mb + 1) if per_rank % d == 0]
+            raise UserError(f"the per-process batch ({self.global_batch_size} / {world_size} = {per_rank}) must be "
+                            f"a multiple of device_train_microbatch_size ({mb}); e.g. {fits[-1]}")
+        return per_rank
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Filling a TrainConfig: typed by its annotations, documented by its comments
+
+def field_types() -> dict[str, Any]:
+    return typing.get_type_hints(TrainConfig)
+
+
+def field_comments() -> dict[str, str]:
+    """Each field's one-line comment in the source above: the documentation that --help prints."""
+    return dict(re.findall(r"^    (\w+): [^=\n]+=.*?  # (.*)$", inspect.getsource(TrainConfig), re.MULTILINE))
+
+
+def _alternatives(tp: Any) -> tuple:
+    return typing.get_args(tp) if typing.get_origin(tp) is Union else (tp,)
+
+
+def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is Union:
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if typing.get_origin(tp) is list:
+        return f"list of {_type_name(typing.get_args(tp)[0])}"
+    return "None" if tp is type(None) else tp.__name__
+
+
+def _convert(value: Any, tp: Any) -> tuple[bool, Any]:
+    """(value fits type tp, value converted); an int fits a float field, a tuple a list field."""
+    if tp is type(None):
+        return value is None, value
+    if tp is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return ok, float(value) if ok else value
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool), value
+    if typing.get_origin(tp) is list:
+        items = [_convert(v, typing.get_args(tp)[0]) for v in value] if isinstance(value, (list, tuple)) else None
+        return (True, [v for _, v in items]) if items is not None and all(ok for ok, _ in items) else (False, value)
+    return isinstance(value, tp), value  # bool, str, dict
+
+
+def coerce(name: str, value: Any, source: str) -> Any:
+    tp = field_types()[name]
+    for alt in _alternatives(tp):
+        ok, converted = _convert(value, alt)
+        if ok:
+            return converted
+    raise UserError(f"{source}: {name} must be {_type_name(tp)}, got {value!r}")
+
+
+def parse_cli_value(raw: str, tp: Any) -> Any:
+    """A --key=value string as a Python value: a literal where it parses as one that fits, else the text."""
+    alts = _alternatives(tp)
+    if bool in alts and raw.lower() in ("true", "false"):
+        return raw.lower() == "true"
+    if type(None) in alts and raw in ("None", "none", "null"):
+        return None
+    try:
+        value = ast.literal_eval(raw)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return raw
+    if str in alts and not any(_convert(value, a)[0] for a in alts) and not isinstance(value, (list, tuple, dict)):
+        return raw  # e.g. --run_name=123 is the text "123"; a bad list stays a (wrong-typed) list
+    return value
+
+
+def unknown_key_error(key: str, source: str) -> UserError:
+    close = difflib.get_close_matches(key, list(field_types()), n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]}?" if close else "; run `python train.py --help` for the list"
+    return UserError(f"{source}: unknown config key {key!r}{hint}")
+
+
+def read_config_file(path: str, _seen: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The assignments of a config file (after those of its `base` file, if it sets one)."""
+    seen = (*_seen, os.path.realpath(path))
+    if not os.path.isfile(path):
+        raise UserError(f"config file {path} not found")
+    try:
+        namespace = runpy.run_path(path)
+    except Exception as e:
+        raise UserError(f"config file {path} failed to run: {type(e).__name__}: {e}") from None
+    values = {k: v for k, v in namespace.items()
+              if not k.startswith("_") and not isinstance(v, (types.ModuleType, types.FunctionType, type))}
+    base = values.pop("base", None)
+    if base is None:
+        return values
+    if not isinstance(base, str):
+        raise UserError(f"config file {path}: base must be a path string, got {base!r}")
+    base_path = os.path.join(os.path.dirname(path), base)
+    if os.path.realpath(base_path) in seen:
+        raise UserError(f"config file {path}: base {base} includes itself (through {' -> '.join(seen)})")
+    return {**read_config_file(base_path, seen), **values}
+
+
+MODEL_SHAPE = ("n_layer", "n_head", "n_embd", "vocab_size", "bias")  # what init_from's weights fix
+
+
+def load_config(argv: Sequence[str]) -> TrainConfig:
+    """TrainConfig from config files and --key=value arguments, in the order given (later wins)."""
+    return make_config(config_values(argv))
+
+
+def make_config(values: dict[str, Any], source=None) -> TrainConfig:
+    """TrainConfig from config_values(); with `source`, the GPTConfig of init_from's weights, in its shape: the model
+    settings not given take the source's values, and those given must agree with them, except dropout (free) and
+    block_size, which may be smaller (train.py then crops the position table)."""
+    if source is not None:
+        errors = [f"{k}={values[k]!r} but it has {k}={getattr(source, k)!r}" for k in MODEL_SHAPE
+                  if k in values and values[k] != getattr(source, k)]
+        block_size = values.get("block_size", source.block_size)
+        if block_size > source.block_size:
+            errors.append(f"block_size={block_size} but it has block_size={source.block_size} (a smaller block_size "
+                          "is fine: the position table is cropped)")
+        if errors:
+            raise UserError(f"the config contradicts init_from={values.get('init_from')}: {'; '.join(errors)}: drop "
+                            "these settings (the model's shape comes from init_from)")
+        values = {**values, **{k: getattr(source, k) for k in MODEL_SHAPE}, "block_size": block_size}
+    try:
+        return TrainConfig(**values)
+    except ValueError as e:
+        raise UserError(f"bad config: {e}") from None
+
+
+def config_values(argv: Sequence[str]) -> dict[str, Any]:
+    """The settings that config files and --key=value arguments give (checked and typed; later wins)."""
+    types_ = field_types()
+    values: dict[str, Any] = {}
+    files = []
+    for arg in argv:
+        if arg.startswith("--"):
+            if "=" not in arg:
+                raise UserError(f"argument {arg}: write --key=value (one argument, no space)")
+            key, raw = arg[2:].split("=", 1)
+            if key not in types_:
+                raise unknown_key_error(key, f"argument {arg}")
+            source = {key: coerce(key, parse_cli_value(raw, types_[key]), f"argument {arg}")}
+        elif arg.startswith("-"):
+            raise UserError(f"unknown option {arg}: settings are --key=value, see `python train.py --help`")
+        else:
+            files.append(arg)
+            source = {}
+            for key, value in read_config_file(arg).items():
+                if key not in types_:
+                    raise unknown_key_error(key, f"config file {arg}")
+                source[key] = coerce(key, value, f"config file {arg}")
+        # data_dir and data_remote are two ways to name the data: setting one replaces the other
+        for key, other in (("data_dir", "data_remote"), ("data_remote", "data_dir")):
+            if key in source and other not in source:
+                values.pop(other, None)
+        values.update(source)
+    if values.get("run_name") is None and files:
+        values["run_name"] = Path(files[-1]).stem
+    return values
+
+
+def usage(intro: str = "") -> str:
+    comments, types_ = field_comments(), field_types()
+    lines = [intro, "", "Settings (--key=value; default, meaning):"] if intro else ["Settings:"]
+    for f in dataclasses.fields(TrainConfig):
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        lines.append(f"  {f.name} = {default!r}  ({_type_name(types_[f.name])}) {comments.get(f.name, '')}")
+    return "\n".join(lines)
+
+
+def config_text(cfg: TrainConfig) -> str:
+    width = max(len(f.name) for f in dataclasses.fields(cfg))
+    return "\n".join(f"  {k:<{width}} = {v!r}" for k, v in dataclasses.asdict(cfg).items())
