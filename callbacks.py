@@ -234,6 +234,7 @@ def build_loggers(cfg) -> list:
             from composer.loggers import MLFlowLogger
             loggers.append(MLFlowLogger(experiment_name=cfg.mlflow_experiment, run_name=cfg.run_name))
     except ImportError as e:  # Composer raises MissingConditionalImportError (an ImportError) for these
-        raise UserError(f"a logger's package is not installed: {str(e).splitlines()[0]}") from None
+        raise UserError(f"a logger's package is not installed: {str(e).splitlines()[0]} (all of them: "
+                        "pip install -r requirements-loggers.txt)") from None
     return loggers
 

@@ -254,7 +254,25 @@ def parse_cli_value(raw: str, tp: Any) -> Any:
     return value
 
 
+# nanoGPT's settings that have another name (or another shape) here
+NANOGPT_NAMES = {
+    "max_iters": "max_duration (a Composer time: --max_duration=5000ba)",
+    "lr_decay_iters": "max_duration (the cosine decays over the whole run)",
+    "warmup_iters": "warmup (--warmup=700ba)",
+    "batch_size": "global_batch_size (sequences per step, all ranks) and device_train_microbatch_size",
+    "gradient_accumulation_steps": "device_train_microbatch_size (accumulation follows from it)",
+    "eval_iters": "eval_subset_num_batches",
+    "out_dir": "save_folder",
+    "dataset": "data_dir (a prepare_data or nanoGPT data/<name>/ folder)",
+    "wandb_run_name": "run_name",
+    "always_save_checkpoint": "save_interval",
+    "dtype": "precision (amp_bf16, amp_fp16, fp32)",
+}
+
+
 def unknown_key_error(key: str, source: str) -> UserError:
+    if key in NANOGPT_NAMES:
+        return UserError(f"{source}: {key!r} is nanoGPT's name; here it is {NANOGPT_NAMES[key]}")
     close = difflib.get_close_matches(key, list(field_types()), n=1, cutoff=0.6)
     hint = f"; did you mean {close[0]}?" if close else "; run `python train.py --help` for the list"
     return UserError(f"{source}: unknown config key {key!r}{hint}")

@@ -24,8 +24,10 @@ echo "== 2/5 to_mds: MDS shards of 128-token samples"
 "$PYTHON" to_mds.py --bin "$data/tokens" --out "$data/mds" --block-size 128 --overwrite
 echo "== 3/5 train: composer train.py config/quickstart.py (autoresume: after Ctrl-C, run it again)"
 composer -n 1 train.py config/quickstart.py
-echo "== 4/5 sample"
-"$PYTHON" sample.py --checkpoint runs/quickstart/model.pt --prompt "def " --num-samples 2 \
-    --max-new-tokens 64 --seed 0
+echo "== 4/5 samples: the same prompt and seed after 50 batches and after 150 (the end)"
+for ckpt in runs/quickstart/ep0-ba50-rank0.pt runs/quickstart/model.pt; do
+    echo "-- $ckpt"
+    "$PYTHON" sample.py --checkpoint "$ckpt" --prompt "def " --num-samples 2 --max-new-tokens 64 --seed 0
+done
 echo "== 5/5 loss curve"
 "$PYTHON" plot_loss.py runs/quickstart

@@ -217,3 +217,13 @@ def test_pile_config_reads_several_comma_separated_remotes_as_streams(monkeypatc
     monkeypatch.setenv("DATA_REMOTE", "s3://bucket/parts/part-00, s3://bucket/parts/part-01")
     cfg = train.load_config([str(REPO / "config" / "pile.py")])
     assert cfg.data_remote == ["s3://bucket/parts/part-00", "s3://bucket/parts/part-01"]
+
+
+@pytest.mark.parametrize("key, ours", [("max_iters", "max_duration"), ("batch_size", "global_batch_size"),
+                                       ("eval_iters", "eval_subset_num_batches"), ("out_dir", "save_folder")])
+def test_nanogpt_setting_names_get_a_hint_naming_ours(tmp_path, key, ours):
+    with pytest.raises(UserError, match=rf"argument --{key}=1: '{key}' is nanoGPT's name; here it is {ours}"):
+        train.load_config([*DATA, f"--{key}=1"])
+    path = write(tmp_path, "c.py", f"data_dir = 'd'\n{key} = 1\n")
+    with pytest.raises(UserError, match=rf"c\.py: '{key}' is nanoGPT's name; here it is {ours}"):
+        train.load_config([path])
