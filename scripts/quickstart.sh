@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# make quickstart: the whole pipeline, offline, on CPU, in about 5 minutes on 2 cores.
+# make quickstart: the whole pipeline, offline, on CPU, in 4-6 minutes on 2 cores.
 # Corpus: the Python standard library's own top-level source files (on every machine with Python).
 #   text -> prepare_data.py -> train.bin/val.bin -> to_mds.py -> MDS shards
 #   -> composer train.py config/quickstart.py -> sample.py -> plot_loss.py -> runs/quickstart/loss.png
