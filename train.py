@@ -185,18 +185,18 @@ def run_info(cfg: TrainConfig, world_size: int, device: str, precision: str) -> 
             "started": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
-def check_same_model(cfg: TrainConfig, run_dir: str) -> None:
+def check_same_model(cfg: TrainConfig, run_dir: str, save_folder: str) -> None:
     """Autoresume loads the checkpoint into this config's model: refuse, in one line, a model of another shape
     than the one the run's config.json records (Composer itself fails with a KeyError deep in the load)."""
     path = os.path.join(run_dir, CONFIG_JSON)
-    if not os.path.isfile(path) or not existing_checkpoints(cfg.save_folder.format(run_name=cfg.run_name)):
+    if not os.path.isfile(path):
         return
     saved = json.loads(open(path).read()).get("config", {})
     fields = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "bias")
     changed = [f"{k}={getattr(cfg, k)!r} (the run has {saved[k]!r})" for k in fields
                if k in saved and saved[k] != getattr(cfg, k)]
     if changed:
-        raise UserError(f"autoresume: the checkpoints in {cfg.save_folder.format(run_name=cfg.run_name)} are of "
+        raise UserError(f"autoresume: the checkpoints in {save_folder} are of "
                         f"another model: {', '.join(changed)}; resume with the run's settings ({path}) or start a "
                         "new run with another --run_name")
 
@@ -226,20 +226,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     def remote_name(name: str) -> Optional[str]:  # noqa: E306  the object key of a run file, when remote
         return (f"{prefix}/{name}" if prefix else name) if remote else None
     run_dir = os.path.join("runs", cfg.run_name or "run") if remote else save_folder
-    if not cfg.autoresume and not cfg.save_overwrite:
-        found = existing_checkpoints(save_folder)
-        if found:
-            raise UserError(f"{save_folder} already holds checkpoints ({found[0]}...): pass --autoresume=True to "
-                            "continue that run, --save_overwrite=True to start over, or another "
-                            "--run_name/--save_folder")
     if cfg.autoresume:  # a kill during a checkpoint write leaves a truncated file that autoresume trips over
         if rank == 0 and (note := set_aside_broken_checkpoints(save_folder)):
             print(f"{cfg.run_name}: {note}", flush=True)
-        check_same_model(cfg, run_dir)
         if world_size > 1:  # the other ranks wait for rank 0's repair before anyone reads a checkpoint
             dist.initialize_dist(device)
             dist.barrier()
-    if source is not None and cfg.autoresume and existing_checkpoints(save_folder):  # the checkpoint wins
+    found = existing_checkpoints(save_folder)  # one listing (a request on S3) serves every check below
+    if found and not cfg.autoresume and not cfg.save_overwrite:
+        raise UserError(f"{save_folder} already holds checkpoints ({found[0]}...): pass --autoresume=True to "
+                        "continue that run, --save_overwrite=True to start over, or another --run_name/--save_folder")
+    if found and cfg.autoresume:
+        check_same_model(cfg, run_dir, save_folder)
+    if source is not None and cfg.autoresume and found:  # the checkpoint wins
         source, origin = None, f"not loaded: autoresume continues from the checkpoint in {save_folder}"
     elif source is not None and cfg.block_size < source.config.block_size:
         source.crop_block_size(cfg.block_size)
