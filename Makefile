@@ -27,4 +27,5 @@ bench: install-dev
 	$(PYTHON) bench/bench_prepare_data.py
 	$(PYTHON) bench/bench_to_mds.py
 	$(PYTHON) bench/bench_upload_s3.py
+	$(PYTHON) bench/bench_checkpoint_uploads.py
 	$(PYTHON) bench/bench_train.py

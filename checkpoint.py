@@ -406,8 +406,11 @@ def set_aside_broken_checkpoints(save_folder: str) -> Optional[str]:
     either fails to read it (when latest-rank0.pt points at it) or refuses to overwrite it later. Checkpoint
     files (newest first) are checked until one is whole (every zip record passes its CRC); those that are not
     are renamed `<name>.broken-<time>` (set aside, never deleted), and latest-rank0.pt is pointed at the newest
-    whole one. Checkpoints on S3 are uploaded whole or not at all, so only local folders need this.
+    whole one. Checkpoints on S3 are uploaded whole or not at all, but the `latest` pointer is uploaded after
+    its checkpoint: see point_latest_at_newest_s3.
     """
+    if save_folder.startswith("s3://"):
+        return point_latest_at_newest_s3(save_folder)
     folder = Path(save_folder)
     if "://" in save_folder or not folder.is_dir():
         return None
@@ -437,6 +440,31 @@ def set_aside_broken_checkpoints(save_folder: str) -> Optional[str]:
     names = ", ".join(p.name for p in broken) or "none"
     return (f"checkpoints set aside as *.broken-{stamp} (truncated or damaged): {names}; "
             + (f"resuming from {good.name}" if good else "no whole checkpoint is left: starting from scratch"))
+
+
+def point_latest_at_newest_s3(save_folder: str) -> Optional[str]:
+    """Point the `latest-rank0.pt.symlink` object of an s3:// save_folder at the newest checkpoint in it.
+
+    Composer's autoresume follows that pointer, which is uploaded after its checkpoint: a run stopped between
+    the two (S3 lost, a kill) leaves it missing or at an older checkpoint, and the resumed run would retrain
+    from there (or from scratch) and then refuse to overwrite the newer checkpoint. S3 objects appear whole or
+    not at all, so the newest one listed is safe to resume from. Returns a line saying what changed, or None."""
+    import storage
+
+    folder = storage.S3Dir(save_folder)
+    names = folder.names()
+    by_batch = {int(m.group(1)): n for n in names if (m := re.fullmatch(r"ep\d+-ba(\d+)-rank0\.pt", n))}
+    if not by_batch:
+        return None
+    newest = by_batch[max(by_batch)]
+    pointer = f"{LATEST_CHECKPOINT}.symlink"
+    current = folder.read(pointer).decode().strip() if pointer in names else None
+    if current == folder.key(newest):
+        return None
+    with folder.errors():
+        folder.client.put_object(Bucket=folder.bucket, Key=folder.key(pointer), Body=folder.key(newest).encode())
+    was = f"at {current.rsplit('/', 1)[-1]}" if current else "missing"
+    return f"{pointer} was {was} (the run stopped before uploading it): resuming from {newest}, the newest checkpoint"
 
 
 def is_whole_checkpoint(path: Path) -> bool:

@@ -205,10 +205,11 @@ def describe_client_error(err, bucket: str, where: str, at: str, attempts: int, 
 
 
 @contextmanager
-def s3_errors(url: str, endpoint_url: Optional[str] = None) -> Iterator[None]:
+def s3_errors(url: str, endpoint_url: Optional[str] = None, rerun: str = "a re-run resumes") -> Iterator[None]:
     """Turn botocore exceptions raised inside into one-line UserErrors naming the cause and the fix.
 
-    `url` (s3://bucket/prefix) and `endpoint_url` (None: AWS) only shape the messages."""
+    `url` (s3://bucket/prefix) and `endpoint_url` (None: AWS) only shape the messages; `rerun` ends the message
+    for a lost connection (how the caller's work continues)."""
     from botocore import exceptions as bx
 
     bucket, prefix = parse_s3_url(url)
@@ -224,7 +225,7 @@ def s3_errors(url: str, endpoint_url: Optional[str] = None) -> Iterator[None]:
     except (bx.ConnectionError, bx.HTTPClientError) as e:  # refused, DNS, timeouts, dropped connections
         raise UserError(f"cannot reach the S3 endpoint {endpoint_url or '(AWS default)'} after {attempts} attempts "
                         f"({type(e).__name__}): check --endpoint-url / AWS_ENDPOINT_URL / S3_ENDPOINT_URL, the "
-                        "network, and that the server is running; a re-run resumes") from None
+                        f"network, and that the server is running; {rerun}") from None
     except bx.ParamValidationError as e:
         raise UserError(f"S3 rejected the request for {where}: {e}; check the bucket name and prefix") from None
     except bx.ClientError as e:

@@ -51,6 +51,7 @@ if __name__ == "__main__" and any(a in ("-h", "--help") for a in sys.argv[1:]): 
     print(usage(__doc__.split("\n\n")[1]))
     sys.exit(0)
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -77,10 +78,11 @@ from common import UserError, atomic_write_text, load_dotenv_file, mask_secrets,
 from data import build_dataloaders
 from extensions import build_algorithms, build_callbacks
 from model import GPT, Block, GPTConfig
-from storage import connection_failure
+from storage import connection_failure, parse_s3_url
 
 # load_config (the config API's entry point) is not called here, but train.load_config is part of the API
 from train_config import TrainConfig, config_text, config_values, load_config, make_config, usage  # noqa: F401
+from uploads import S3Uploads, checkpoint_uploads
 
 CONFIG_JSON = "config.json"
 METRICS_JSONL = "metrics.jsonl"
@@ -275,9 +277,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                MetricsLog(os.path.join(run_dir, METRICS_JSONL), cfg.log_interval, print_steps=not cfg.progress_bar,
                           remote_name=remote_name(f"logs/{start}-{METRICS_JSONL}")),
                *build_loggers(cfg)]
-    if remote:  # uploads config.json, model.pt and the logs (Composer's checkpoint saver has its own uploader)
-        from composer.loggers import RemoteUploaderDownloader
-        loggers.insert(0, RemoteUploaderDownloader(bucket_uri="/".join(save_folder.split("/")[:3]), use_procs=False))
+    uploads = S3Uploads(parse_s3_url(save_folder)[0]) if remote else None  # checkpoints, config, model.pt, logs
+    if uploads is not None:
+        loggers.insert(0, uploads)
     callbacks = [SpeedMonitor(window_size=cfg.speed_window), LRMonitor(), RuntimeEstimator(time_unit="seconds"),
                  StopOnNonFinite(cfg.learning_rate),
                  ExportModel(cfg.save_interval, run_dir, remote_name(EXPORT_NAME))]
@@ -293,21 +295,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     callbacks += [c for c in extra if not isinstance(c, LoggerDestination)]
     loggers += [c for c in extra if isinstance(c, LoggerDestination)]
 
-    trainer = Trainer(
-        model=model, train_dataloader=train_spec, eval_dataloader=evaluators,
-        eval_interval=eval_interval, eval_subset_num_batches=eval_batches,
-        max_duration=cfg.max_duration, optimizers=optimizer, schedulers=scheduler, algorithms=algorithms,
-        device=device, precision=precision,
-        device_train_microbatch_size=min(cfg.device_train_microbatch_size, per_rank)
-        if isinstance(cfg.device_train_microbatch_size, int) else "auto",
-        compile_config={} if cfg.compile else None,
-        parallelism_config={"fsdp": {"sharding_strategy": "FULL_SHARD", "mixed_precision": "DEFAULT",
-                                     "state_dict_type": "full"}} if cfg.fsdp else None,
-        save_folder=save_folder, save_interval=cfg.save_interval, save_overwrite=cfg.save_overwrite,
-        save_num_checkpoints_to_keep=cfg.save_num_checkpoints_to_keep,
-        autoresume=cfg.autoresume, run_name=cfg.run_name, seed=cfg.seed,
-        callbacks=callbacks, loggers=loggers, progress_bar=cfg.progress_bar, log_to_console=False,
-    )
+    with checkpoint_uploads(uploads) if uploads is not None else contextlib.nullcontext():
+        trainer = Trainer(
+            model=model, train_dataloader=train_spec, eval_dataloader=evaluators,
+            eval_interval=eval_interval, eval_subset_num_batches=eval_batches,
+            max_duration=cfg.max_duration, optimizers=optimizer, schedulers=scheduler, algorithms=algorithms,
+            device=device, precision=precision,
+            device_train_microbatch_size=min(cfg.device_train_microbatch_size, per_rank)
+            if isinstance(cfg.device_train_microbatch_size, int) else "auto",
+            compile_config={} if cfg.compile else None,
+            parallelism_config={"fsdp": {"sharding_strategy": "FULL_SHARD", "mixed_precision": "DEFAULT",
+                                         "state_dict_type": "full"}} if cfg.fsdp else None,
+            save_folder=save_folder, save_interval=cfg.save_interval, save_overwrite=cfg.save_overwrite,
+            save_num_checkpoints_to_keep=cfg.save_num_checkpoints_to_keep,
+            autoresume=cfg.autoresume, run_name=cfg.run_name, seed=cfg.seed,
+            callbacks=callbacks, loggers=loggers, progress_bar=cfg.progress_bar, log_to_console=False,
+        )
     if dist.get_global_rank() == 0:  # the run's config, versions and commit, beside its checkpoints
         config_path = os.path.join(run_dir, CONFIG_JSON)
         atomic_write_text(config_path, mask_secrets(json.dumps(run_info(cfg, world_size, device, precision),
@@ -323,6 +326,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"{cfg.run_name}: already trained for {state.max_duration} (checkpoint in {save_folder}); "
                   f"nothing to do. Raise --max_duration to train longer.", flush=True)
         trainer.close()
+        if uploads is not None:
+            uploads.finish()
         return 0
     start_batch, start_tokens, t0 = int(state.timestamp.batch), int(state.timestamp.token), time.time()
     if start_batch and dist.get_global_rank() == 0:
@@ -331,12 +336,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         trainer.fit()
     except Exception as e:  # a lost S3 connection (data, checkpoint uploads) is one line, not a traceback
-        if (lost := connection_failure(e)) is None:
+        if isinstance(e, UserError) or (lost := connection_failure(e)) is None:
             raise
         raise UserError(f"lost the connection to S3 during training ({type(lost).__name__}: {lost}); check the "
                         "endpoint and the network, then re-run with --autoresume=True to continue from the last "
                         "checkpoint") from None
     trainer.close()
+    if uploads is not None:  # every checkpoint, model.pt and log is in the bucket before "done"
+        uploads.finish()
     if dist.get_global_rank() == 0:
         seconds = time.time() - t0
         batches, tokens = int(state.timestamp.batch) - start_batch, int(state.timestamp.token) - start_tokens

@@ -161,6 +161,9 @@ class TrainConfig:
             errors.append(f"device must be 'auto', 'gpu' or 'cpu', got {self.device!r}")
         if self.precision not in ("auto", "fp32", "amp_bf16", "amp_fp16"):
             errors.append(f"precision must be 'auto', 'fp32', 'amp_bf16' or 'amp_fp16', got {self.precision!r}")
+        if "://" in self.save_folder and not self.save_folder.startswith("s3://"):
+            errors.append(f"save_folder={self.save_folder!r}: a local folder or s3://bucket/prefix (any "
+                          "S3-compatible store through AWS_ENDPOINT_URL); other stores are not supported")
         if self.autoresume and not self.run_name:
             errors.append("autoresume needs a run_name: the name that finds the run's checkpoints again")
         if self.log_interval < 1 or self.speed_window < 1:

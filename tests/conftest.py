@@ -80,20 +80,19 @@ class S3Server:
                             aws_secret_access_key=self.secret_key, region_name="us-east-1")
 
 
-@pytest.fixture(scope="session")
-def s3_server(tmp_path_factory):
-    """A real S3 server on 127.0.0.1 (rclone serve s3) with the bucket `test-bucket`."""
-    root = tmp_path_factory.mktemp("s3root")
-    bucket = "test-bucket"
-    (root / bucket).mkdir()
-    port = free_port()
+def start_s3_server(root: Path, port: int = 0, bucket: str = "test-bucket", log: Path = None):
+    """`rclone serve s3` of folder root on 127.0.0.1:port (0: a free one), root/bucket created; returns the
+    process (stop it by its PID: proc.terminate()) and the S3Server. pytest.fail if it does not start."""
+    (root / bucket).mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
     key, secret = "testkey", "testsecret-0123456789"
-    log = open(root.parent / "rclone.log", "w")
+    out = open(log or root.parent / f"rclone-{port}.log", "a")
     proc = subprocess.Popen(
         [rclone_binary(), "serve", "s3", "--addr", f"127.0.0.1:{port}", "--auth-key", f"{key},{secret}",
          "--config", "/dev/null", str(root)],
-        stdout=log, stderr=subprocess.STDOUT,
+        stdout=out, stderr=subprocess.STDOUT,
     )
+    out.close()  # the child keeps its own handle
     deadline = time.time() + 20
     while True:
         try:
@@ -102,15 +101,26 @@ def s3_server(tmp_path_factory):
         except OSError:
             if proc.poll() is not None or time.time() > deadline:
                 proc.kill()
-                pytest.fail(f"rclone serve s3 did not start; see {log.name}")
+                pytest.fail(f"rclone serve s3 did not start on port {port}")
             time.sleep(0.05)
-    yield S3Server(f"http://127.0.0.1:{port}", key, secret, bucket, root)
+    return proc, S3Server(f"http://127.0.0.1:{port}", key, secret, bucket, root)
+
+
+def stop(proc: subprocess.Popen) -> None:
     proc.terminate()
     try:
         proc.wait(timeout=5)
     except subprocess.TimeoutExpired:
         proc.kill()
-    log.close()
+        proc.wait()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """A real S3 server on 127.0.0.1 (rclone serve s3) with the bucket `test-bucket`."""
+    proc, server = start_s3_server(tmp_path_factory.mktemp("s3root"))
+    yield server
+    stop(proc)
 
 
 @pytest.fixture

@@ -5,13 +5,14 @@ line, and what the user already has is kept."""
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import REPO
+from conftest import REPO, start_s3_server, stop
 from data import write_token_files
 from test_train import SMALL, checkpoint_state, losses_by_batch
 
@@ -93,3 +94,46 @@ def test_resuming_with_another_model_shape_is_one_line(data_dir, tmp_path):
     assert error_lines(result) == [
         f"error: autoresume: the checkpoints in {run_dir} are of another model: n_layer=3 (the run has 2); resume "
         f"with the run's settings ({run_dir / 'config.json'}) or start a new run with another --run_name"]
+
+
+@pytest.mark.s3
+def test_losing_s3_mid_training_stops_with_one_line_and_resumes_from_the_bucket(data_dir, tmp_path):
+    root = tmp_path / "s3"
+    server, s3 = start_s3_server(root)
+    env = {**os.environ, **s3.env(), "PYTHONUNBUFFERED": "1"}
+    args = [sys.executable, str(REPO / "train.py"), *ARGS, f"--data_dir={data_dir}", "--save_interval=2ba",
+            f"--save_folder=s3://{s3.bucket}/runs/faults"]
+    first = root / s3.bucket / "runs" / "faults" / "ep0-ba2-rank0.pt"
+    try:
+        proc = subprocess.Popen([*args, "--max_duration=400ba", "--eval_interval=400ba"], cwd=tmp_path, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 120
+        while not first.exists() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        stop(server)  # the store goes away once the first checkpoint reached it
+        lost_at = time.time()
+        out, err = proc.communicate(timeout=120)  # Composer's own uploader kept polling S3 here for an hour
+        seconds = time.time() - lost_at
+        assert proc.returncode == 2, err[-3000:]
+        errors = [line for line in err.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and "Traceback" not in err, err[-3000:]
+        assert "failed, training stopped: cannot reach the S3 endpoint" in errors[0], errors[0]
+        assert "--autoresume=True" in errors[0] and s3.secret_key not in out + err
+        assert seconds < 60, seconds  # storage.py's retry budget (5 attempts), measured ~14 s
+
+        # The store is back (same address, same files); on another machine (no local files), autoresume
+        # continues from the last checkpoint that reached the bucket.
+        server, s3 = start_s3_server(root, port=int(s3.endpoint_url.rsplit(":", 1)[1]))
+        last = max(int(p.name.split("-ba")[1].split("-")[0]) for p in first.parent.glob("ep0-ba*-rank0.pt"))
+        fresh = tmp_path / "another_machine"
+        fresh.mkdir()
+        resumed = subprocess.run([*args, f"--max_duration={last + 4}ba", "--eval_interval=400ba",
+                                  "--autoresume=True"], cwd=fresh, env=env, capture_output=True, text=True,
+                                 timeout=300)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        assert f"resuming from the checkpoint at batch {last} " in resumed.stdout, resumed.stdout[-2000:]
+        assert "done: 4 batches" in resumed.stdout
+        assert (first.parent / f"ep0-ba{last + 4}-rank0.pt").is_file()  # and its uploads finished before "done"
+        assert (first.parent / "model.pt").is_file() and (first.parent / "latest-rank0.pt.symlink").is_file()
+    finally:
+        stop(server)

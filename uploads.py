@@ -1,0 +1,217 @@
+"""A training run's uploads to S3 (checkpoints, the `latest` pointer, config.json, model.pt, logs) on threads.
+
+Composer 0.32's checkpoint saver uploads through its own RemoteUploader: a pool of spawned processes that each
+import torch and Composer (~20 s apiece on a small machine), a Manager process, and a poll of S3 every 30 s
+before the `latest` pointer is uploaded; when the endpoint goes away it keeps polling for up to an hour, so a
+run with a lost S3 hangs instead of failing. train.py gives the saver this uploader instead (`checkpoint_uploads`)
+and also registers it as the logger destination that takes every other file, so a run has one uploader:
+
+- a few threads of this process, storage.py's S3 client (bounded retries and timeouts, one policy for the repo);
+- each file is copied to a staging folder when handed over (the saver may delete or rewrite its own copy), and
+  the copy is deleted once uploaded;
+- the first failed upload fails the run at the next batch with one line (UserError naming the file, the cause
+  and the fix); uploads queued after it are skipped, so the process exits within the retry budget;
+- `wait()` returns only when every upload is in the bucket: train.py calls it before it reports "done".
+
+    uploads = S3Uploads("my-bucket")
+    with checkpoint_uploads(uploads):
+        trainer = Trainer(..., save_folder="s3://my-bucket/runs/x", loggers=[uploads, ...])
+    trainer.fit(); trainer.close(); uploads.wait()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Iterator, Optional
+
+from composer.loggers import LoggerDestination
+
+from common import UserError
+from storage import S3Dir, make_client, s3_errors, shown_endpoint
+
+RERUN = "then re-run with --autoresume=True to continue from the last checkpoint in the bucket"
+POLL_S = 1.0  # how often a check for another process's upload asks S3 (Composer: 30 s)
+
+
+class S3Uploads(LoggerDestination):
+    """Uploads to one bucket on `workers` threads; keys are object names in the bucket (as Composer passes them).
+
+    Serves two callers with one queue: Composer's logger (`upload_file`, for config.json, model.pt, logs) and
+    Composer's CheckpointSaver, through the RemoteUploader interface it calls (`upload_file_async`,
+    `check_workers`, `wait`, `wait_and_close`, `check_remote_files_exist_async`, `remote_backend`)."""
+
+    def __init__(self, bucket: str, workers: int = 2):
+        self.bucket = bucket
+        self.dir = S3Dir(f"s3://{bucket}", make_client(workers=workers))  # credentials are read now, once
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="s3-upload")
+        self._checks = ThreadPoolExecutor(1, thread_name_prefix="s3-check")
+        self._staging = tempfile.mkdtemp(prefix="pile-gpt-uploads-")
+        self._futures: list[Future] = []  # not yet seen finished by check_workers / wait
+        self._by_key: dict[str, Future] = {}  # the latest upload of each key
+        self._failed = threading.Event()
+        self._closed = False
+        self._backend = None
+
+    # -- the queue ------------------------------------------------------------------------------------------
+    def upload_file_async(self, remote_file_name: str, file_path, overwrite: bool) -> Future:
+        key = str(remote_file_name).lstrip("/")
+        if self._failed.is_set() or self._closed:  # the run is failing (or exiting): its error is reported once
+            future = Future()
+            future.set_exception(UploadSkipped(f"s3://{self.bucket}/{key} not uploaded: an earlier upload failed"))
+            return future
+        staged = os.path.join(self._staging, uuid.uuid4().hex)
+        shutil.copy2(file_path, staged)  # the file as it is now: the saver rotates checkpoints, logs grow
+        future = self._pool.submit(self._upload, key, staged, overwrite)
+        self._futures.append(future)
+        self._by_key[key] = future
+        return future
+
+    def _upload(self, key: str, staged: str, overwrite: bool) -> None:
+        url = f"s3://{self.bucket}/{key}"
+        try:
+            if self._failed.is_set():
+                raise UploadSkipped(f"{url} not uploaded: an earlier upload failed")
+            with s3_errors(url, shown_endpoint(self.dir.client), rerun=RERUN):
+                if not overwrite and self._exists(key):
+                    raise UserError("the object already exists: pass --save_overwrite=True to replace the run's "
+                                    "files, or choose another --run_name / --save_folder")
+                self.dir.client.upload_file(staged, self.bucket, key)
+        except UploadSkipped:
+            raise
+        except UserError as e:
+            self._failed.set()
+            raise UserError(f"uploading {url} failed, training stopped: {e}") from None
+        except BaseException:
+            self._failed.set()
+            raise
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(staged)
+
+    def _exists(self, key: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.dir.client.head_object(Bucket=self.bucket, Key=key)
+            return True
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise
+
+    def _first_error(self, futures: list[Future]) -> Optional[BaseException]:
+        errors = [f.exception() for f in futures if f.exception() is not None]
+        real = [e for e in errors if not isinstance(e, UploadSkipped)]
+        return (real or errors or [None])[0]
+
+    def check_workers(self) -> None:
+        """Raise the first failed upload's error; forget the uploads that finished well. Never blocks."""
+        done = [f for f in self._futures if f.done()]
+        if (error := self._first_error(done)) is not None:
+            raise error
+        self._futures = [f for f in self._futures if not f.done()]
+
+    def wait(self) -> None:
+        """Block until every upload handed over so far is in the bucket; raise the first failure."""
+        pending, self._futures = self._futures, []
+        for future in pending:
+            future.exception()  # waits
+        if (error := self._first_error(pending)) is not None:
+            raise error
+
+    def wait_and_close(self) -> None:
+        """The saver calls this at the Trainer's close. Nothing happens: the queue stays open for the logs
+        uploaded after it, and errors are raised by check_workers, wait and finish, each reported once."""
+
+    def finish(self) -> None:
+        """Wait for every upload (raise the first failure), then stop the threads: the run's last call."""
+        try:
+            self.wait()
+        finally:
+            self._closed = True
+            self._pool.shutdown(wait=True)
+            self._checks.shutdown(wait=True)
+            shutil.rmtree(self._staging, ignore_errors=True)
+
+    # -- what Composer's CheckpointSaver calls besides ------------------------------------------------------
+    def init(self, state=None, logger=None) -> None:
+        """Called twice: as a callback (Event.INIT) and by the saver, where Composer's uploader checks the
+        credentials by writing an object to the bucket; train.py has listed the save folder already (same
+        credentials), so nothing is written."""
+
+    @property
+    def remote_backend(self):
+        """Composer's object store for this bucket: the Trainer downloads the autoresume checkpoint with it."""
+        if self._backend is None:
+            from composer.utils.object_store.utils import build_remote_backend
+
+            self._backend = build_remote_backend("s3", {"bucket": self.bucket})
+        return self._backend
+
+    def check_remote_files_exist_async(self, remote_checkpoint_file_names: list[str],
+                                       max_wait_time_in_seconds: float = 3600,
+                                       wait_before_next_try_in_seconds: float = 30) -> Future:
+        """A future that is RemoteFilesExistingCheckStatus.EXIST once these files are in the bucket (the saver
+        then uploads the `latest` pointer): our own uploads are awaited, others' are polled every POLL_S."""
+        from composer.utils.remote_uploader import RemoteFilesExistingCheckStatus as Status
+
+        def check() -> Status:
+            try:
+                return wait_for(remote_checkpoint_file_names)
+            except Exception:  # S3 unreachable: the failed upload's own error is what the run reports
+                return Status.ERROR
+
+        def wait_for(names: list[str]) -> Status:
+            deadline = time.time() + max_wait_time_in_seconds
+            for name in names:
+                key = name.lstrip("/")
+                if (mine := self._by_key.get(key)) is not None:
+                    if mine.exception() is not None:
+                        return Status.ERROR
+                    continue
+                while not self._exists(key):
+                    if self._failed.is_set():
+                        return Status.ERROR
+                    if time.time() > deadline:
+                        return Status.TIMEOUT
+                    time.sleep(min(POLL_S, wait_before_next_try_in_seconds))
+            return Status.EXIST
+
+        future = self._checks.submit(check)
+        self._futures.append(future)
+        return future
+
+    # -- LoggerDestination: files the Trainer and callbacks log (config.json, model.pt, logs) --------------
+    def can_upload_files(self) -> bool:
+        return True
+
+    def upload_file(self, state, remote_file_name: str, file_path, *, overwrite: bool) -> None:
+        self.upload_file_async(remote_file_name, file_path, overwrite)
+
+    def batch_end(self, state, logger) -> None:
+        self.check_workers()
+
+
+class UploadSkipped(UserError):
+    """An upload not tried because an earlier one failed (that one's error is the one reported)."""
+
+
+@contextlib.contextmanager
+def checkpoint_uploads(uploads: S3Uploads) -> Iterator[None]:
+    """Inside, Composer's CheckpointSaver (built by the Trainer for an s3:// save_folder) takes `uploads` as its
+    uploader instead of Composer's process-based RemoteUploader."""
+    from composer.callbacks import checkpoint_saver
+
+    original = checkpoint_saver.RemoteUploader
+    checkpoint_saver.RemoteUploader = lambda *args, **kwargs: uploads
+    try:
+        yield
+    finally:
+        checkpoint_saver.RemoteUploader = original
