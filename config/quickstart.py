@@ -1,8 +1,10 @@
-# The quickstart (make quickstart): a small GPT trained for about 3.5 minutes on a 2-core CPU on the Python
-# standard library's own source text, read as MDS (prepare_data.py -> to_mds.py --block-size 128).
+# The quickstart (make quickstart): a small GPT trained for about 3 minutes on a 2-core CPU on tiny
+# Shakespeare (1.1 MB, ships in tests/fixtures), read as MDS (prepare_data.py -> to_mds.py --block-size 128).
 #   composer -n 1 train.py config/quickstart.py          # or: python train.py config/quickstart.py
-# Measured on 2 cores with jemalloc: ~1.5-1.8k tokens/s; train loss 10.4 -> ~4 within 50 batches, val loss
-# ~3.8 after 150 batches (307,200 tokens). Most of what it learns first is Python's indentation.
+# Small batches (4 x 128 tokens), so that one pass over the 321k train tokens is 600 optimizer steps: on this
+# little data, steps matter more than batch size. Measured on 2 cores: val loss 5.90 at batch 200, 5.31 at 600
+# (a uniform guess is 10.82, the train split's word frequencies alone 6.5); the samples printed at each
+# evaluation go from punctuation soup to speakers' names, line breaks and English words.
 import os
 
 n_layer = 4
@@ -12,21 +14,21 @@ block_size = 128  # must match to_mds.py --block-size
 dropout = 0.0
 
 data_dir = os.environ.get("QUICKSTART_DATA", "data/quickstart/mds")  # to_mds.py output: train/ and val/
-global_batch_size = 16
-device_train_microbatch_size = 16
-learning_rate = 3e-3
-min_lr = 3e-4
-warmup = "15ba"
-max_duration = "150ba"
-eval_interval = "50ba"
-eval_subset_num_batches = 8
-sample_prompt = "def "
+global_batch_size = 4
+device_train_microbatch_size = 4
+learning_rate = 2e-3
+min_lr = 2e-4
+warmup = "30ba"
+max_duration = "600ba"
+eval_interval = "100ba"
+eval_subset_num_batches = 32
+sample_prompt = "JULIET:"
 sample_length = 48
 
 run_name = "quickstart"
 save_folder = "runs/quickstart"
-save_interval = "50ba"
+save_interval = "200ba"
 autoresume = True  # after Ctrl-C, the same command continues where it stopped
 progress_bar = False
-log_interval = 10
+log_interval = 50
 speed_window = 20
