@@ -14,10 +14,12 @@ memory, after the vocabulary is loaded. prepare_data's figures are wall time of 
 included (Python, numpy, the vocabulary, the tokenizer processes), which the 10x corpus amortizes. The
 baseline and the two prepare_data runs alternate for --rounds rounds, so that a busy neighbour on a shared
 machine slows all three alike; the best round of each is compared, and each round's own ratio is printed
-(their spread shows how noisy the machine was). CPU seconds (user + system, tokenizer processes included) are
-reported beside wall time: on a shared machine they move less. Each prepare_data run is a real subprocess;
-peak RSS is sampled over its whole process tree (main process + tokenizer processes, summed) every 20 ms, and
-the largest single process is reported too.
+(their spread shows how noisy the machine was), with their median. CPU seconds (user + system, tokenizer
+processes included) are reported beside wall time. Each prepare_data run is a real subprocess; peak RSS is
+sampled over its whole process tree (main process + tokenizer processes, summed) every 20 ms, and the largest
+single process is reported too. Last, prepare_data's tokenizing path alone is timed against the baseline task
+by task (tokenizing_path): the figure least moved by a noisy neighbour, where whole-run ratios on this 2-core
+VM have swung from 0.69 to 1.10 between rounds.
 """
 
 import argparse
@@ -110,6 +112,37 @@ def run_prepare(corpus: Path, out: Path, num_proc: int) -> dict:
             "peak_total_mb": peak_total / 2**20, "peak_single_mb": peak_single / 2**20}
 
 
+def tokenizing_path(corpus: Path, passes: int = 2) -> dict:
+    """prepare_data's own tokenizing path (tokenize_task: JSON lines, the val split, encode, the output arrays)
+    against the baseline on the same documents, task by task, alternating which goes first: both meet the
+    same moments of a noisy machine, so the ratio holds where whole-run ratios swing by 10 points. Reading and
+    decompressing the tasks, and start-up, are measured apart."""
+    import prepare_data
+    from tokenizer import gpt2
+
+    files = prepare_data.list_local_inputs([str(corpus)], [])
+    enc = gpt2()
+    prepare_data.init_worker({"encoding": "gpt2", "eot": enc.eot_token, "n_vocab": enc.n_vocab, "dtype": "uint16",
+                              "val_fraction": 0.001, "text_column": "text", "include": [], "exclude": [],
+                              "skip_bad_lines": False, "dataset_config": None}, ignore_sigint=False)
+    t0 = time.perf_counter()
+    tasks = [t for f in files for t in prepare_data.read_tasks(f, (0, 1), "text", False)]
+    read_s = time.perf_counter() - t0
+    texts = [[json.loads(line)["text"] for line in t.payload.split(b"\n") if line.strip()] for t in tasks]
+    base = ours = 0.0
+    for p in range(passes):
+        for task, docs in zip(tasks, texts):
+            for first in ((True, False) if p % 2 == 0 else (False, True)):
+                t = time.perf_counter()
+                if first:
+                    [enc.encode_ordinary(d) for d in docs]
+                    base += time.perf_counter() - t
+                else:
+                    prepare_data.tokenize_task(task)
+                    ours += time.perf_counter() - t
+    return {"base_s": base / passes, "ours_s": ours / passes, "read_s": read_s}
+
+
 def children_cpu() -> float:
     """CPU seconds (user + system) of the finished child processes, their own children included."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -140,11 +173,17 @@ def bench(tmp: Path, docs: list[str], mb: float, label: str, rounds: int) -> dic
     for num_proc in (1, 2):
         r = best[num_proc]
         per_round = [p["tok_s"] / b["tok_s"] for p, b in zip(runs[num_proc], runs["baseline"])]
+        median = sorted(per_round)[len(per_round) // 2]
         print(f"  prepare_data --num-proc {num_proc}: {r['tok_s']:,.0f} tok/s ({r['tok_s'] / base:.2f}x baseline; "
-              f"per round {', '.join(f'{x:.2f}' for x in per_round)}), {r['seconds']:.1f}s wall, {r['cpu']:.1f} CPU-s "
+              f"per round {', '.join(f'{x:.2f}' for x in per_round)}, median {median:.2f}), {r['seconds']:.1f}s "
+              f"wall, {r['cpu']:.1f} CPU-s "
               f"({r['cpu_tok_s'] / base_cpu:.2f}x baseline per CPU-s), peak RSS {r['peak_total_mb']:.0f} MB total / "
               f"{r['peak_single_mb']:.0f} MB largest process")
     print(f"  scaling 1 -> 2 processes: {best[2]['tok_s'] / best[1]['tok_s']:.2f}x")
+    path = tokenizing_path(tmp / label)
+    print(f"  tokenizing path, task by task: baseline {path['base_s']:.2f} s, prepare_data's tokenize_task "
+          f"{path['ours_s']:.2f} s ({path['base_s'] / path['ours_s']:.2f}x baseline); reading and decompressing "
+          f"the tasks {path['read_s']:.2f} s")
     return best
 
 
