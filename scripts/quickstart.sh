@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# make quickstart: the whole pipeline, offline, on CPU, in about 4 minutes on 2 cores.
+# make quickstart: the whole pipeline, offline, on CPU, in about 3 minutes on 2 cores.
 # Corpus: tiny Shakespeare (tests/fixtures/tinyshakespeare.txt, 1.1 MB, public domain), cut into 40 parts
 # so that whole parts can be held out for validation (prepare_data.py: one file = one document).
 #   text -> prepare_data.py -> train.bin/val.bin -> to_mds.py -> MDS shards
