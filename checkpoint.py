@@ -39,6 +39,7 @@ EXPORT_NAME = "model.pt"  # file name of the weights-only export train.py writes
 EXPORT_FORMAT = "pile-gpt-export-v1"  # tag inside the export file, checked on load
 LATEST_CHECKPOINT = "latest-rank0.pt"  # Composer's name for the newest checkpoint (rank 0)
 CHECKPOINT_PATTERN = re.compile(r"(^|/)(ep\d+-ba\d+-rank\d+\.pt|latest-rank\d+\.pt(\.symlink)?)$")
+CHECKPOINT_FILE = re.compile(r"ep\d+-ba(?P<batch>\d+)-rank(?P<rank>\d+)\.pt")  # one Composer checkpoint file
 # Non-tensor types inside a Composer 0.32 checkpoint (found with torch.serialization.
 # get_unsafe_globals_in_checkpoint on a real one): timestamps hold timedeltas, metadata a TorchVersion
 # (a str), the RNG state numpy's uint32 Mersenne-Twister key. All are plain data: building them runs no code.
@@ -416,9 +417,9 @@ def set_aside_broken_checkpoints(save_folder: str) -> Optional[str]:
         return None
     by_batch: dict[int, list[Path]] = {}
     for p in folder.iterdir():
-        m = re.fullmatch(r"ep\d+-ba(\d+)-rank\d+\.pt", p.name)
+        m = CHECKPOINT_FILE.fullmatch(p.name)
         if m:
-            by_batch.setdefault(int(m.group(1)), []).append(p)
+            by_batch.setdefault(int(m["batch"]), []).append(p)
     broken, good = [], None
     for batch in sorted(by_batch, reverse=True):
         rank0 = [p for p in by_batch[batch] if p.name.endswith("-rank0.pt")]
@@ -453,7 +454,7 @@ def point_latest_at_newest_s3(save_folder: str) -> Optional[str]:
 
     folder = storage.S3Dir(save_folder)
     names = folder.names()
-    by_batch = {int(m.group(1)): n for n in names if (m := re.fullmatch(r"ep\d+-ba(\d+)-rank0\.pt", n))}
+    by_batch = {int(m["batch"]): n for n in names if (m := CHECKPOINT_FILE.fullmatch(n)) and m["rank"] == "0"}
     if not by_batch:
         return None
     newest = by_batch[max(by_batch)]

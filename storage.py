@@ -269,10 +269,11 @@ class S3Dir:
     and fix in one line) for credential, endpoint and permission problems.
     """
 
-    def __init__(self, url: str, client=None):
+    def __init__(self, url: str, client=None, rerun: str = "a re-run resumes"):
         self.bucket, self.prefix = parse_s3_url(url)
         self.url = format_url(self.bucket, self.prefix)
         self._client = client
+        self.rerun = rerun  # how the caller's work continues, for a lost connection (s3_errors)
 
     def __repr__(self) -> str:
         return f"S3Dir({self.url!r})"
@@ -289,11 +290,11 @@ class S3Dir:
 
     def child(self, sub: str) -> "S3Dir":
         """The folder `sub` below this one, on the same client."""
-        return S3Dir(join_url(self.url, sub), self._client) if sub else self
+        return S3Dir(join_url(self.url, sub), self._client, self.rerun) if sub else self
 
     def errors(self):
         """s3_errors for this folder: botocore exceptions inside become one-line UserErrors."""
-        return s3_errors(self.url, shown_endpoint(self.client))
+        return s3_errors(self.url, shown_endpoint(self.client), self.rerun)
 
     def check(self) -> None:
         """UserError unless the bucket exists and the prefix can be listed with these credentials (one request)."""

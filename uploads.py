@@ -11,12 +11,12 @@ and also registers it as the logger destination that takes every other file, so 
   the copy is deleted once uploaded;
 - the first failed upload fails the run at the next batch with one line (UserError naming the file, the cause
   and the fix); uploads queued after it are skipped, so the process exits within the retry budget;
-- `wait()` returns only when every upload is in the bucket: train.py calls it before it reports "done".
+- `finish()` returns only when every upload is in the bucket: train.py calls it before it reports "done".
 
     uploads = S3Uploads("my-bucket")
     with checkpoint_uploads(uploads):
         trainer = Trainer(..., save_folder="s3://my-bucket/runs/x", loggers=[uploads, ...])
-    trainer.fit(); trainer.close(); uploads.wait()
+    trainer.fit(); trainer.close(); uploads.finish()
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import Iterator, Optional
 from composer.loggers import LoggerDestination
 
 from common import UserError
-from storage import S3Dir, make_client, s3_errors, shown_endpoint
+from storage import S3Dir, make_client
 
 RERUN = "then re-run with --autoresume=True to continue from the last checkpoint in the bucket"
 POLL_S = 1.0  # how often a check for another process's upload asks S3 (Composer: 30 s)
@@ -49,7 +49,8 @@ class S3Uploads(LoggerDestination):
 
     def __init__(self, bucket: str, workers: int = 2):
         self.bucket = bucket
-        self.dir = S3Dir(f"s3://{bucket}", make_client(workers=workers))  # credentials are read now, once
+        # credentials are read now, once; a lost connection's message says how to continue a training run
+        self.dir = S3Dir(f"s3://{bucket}", make_client(workers=workers), rerun=RERUN)
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="s3-upload")
         self._checks = ThreadPoolExecutor(1, thread_name_prefix="s3-check")
         self._staging = tempfile.mkdtemp(prefix="pile-gpt-uploads-")
@@ -78,8 +79,8 @@ class S3Uploads(LoggerDestination):
         try:
             if self._failed.is_set():
                 raise UploadSkipped(f"{url} not uploaded: an earlier upload failed")
-            with s3_errors(url, shown_endpoint(self.dir.client), rerun=RERUN):
-                if not overwrite and self._exists(key):
+            with self.dir.errors():
+                if not overwrite and self.dir.exists(key):
                     raise UserError("the object already exists: pass --save_overwrite=True to replace the run's "
                                     "files, or choose another --run_name / --save_folder")
                 self.dir.client.upload_file(staged, self.bucket, key)
@@ -94,17 +95,6 @@ class S3Uploads(LoggerDestination):
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(staged)
-
-    def _exists(self, key: str) -> bool:
-        from botocore.exceptions import ClientError
-
-        try:
-            self.dir.client.head_object(Bucket=self.bucket, Key=key)
-            return True
-        except ClientError as e:
-            if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
-                return False
-            raise
 
     def _first_error(self, futures: list[Future]) -> Optional[BaseException]:
         errors = [f.exception() for f in futures if f.exception() is not None]
@@ -176,7 +166,7 @@ class S3Uploads(LoggerDestination):
                     if mine.exception() is not None:
                         return Status.ERROR
                     continue
-                while not self._exists(key):
+                while not self.dir.exists(key):
                     if self._failed.is_set():
                         return Status.ERROR
                     if time.time() > deadline:

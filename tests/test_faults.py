@@ -104,6 +104,7 @@ def test_losing_s3_mid_training_stops_with_one_line_and_resumes_from_the_bucket(
     args = [sys.executable, str(REPO / "train.py"), *ARGS, f"--data_dir={data_dir}", "--save_interval=2ba",
             f"--save_folder=s3://{s3.bucket}/runs/faults"]
     first = root / s3.bucket / "runs" / "faults" / "ep0-ba2-rank0.pt"
+    proc = None
     try:
         proc = subprocess.Popen([*args, "--max_duration=400ba", "--eval_interval=400ba"], cwd=tmp_path, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -136,4 +137,7 @@ def test_losing_s3_mid_training_stops_with_one_line_and_resumes_from_the_bucket(
         assert (first.parent / f"ep0-ba{last + 4}-rank0.pt").is_file()  # and its uploads finished before "done"
         assert (first.parent / "model.pt").is_file() and (first.parent / "latest-rank0.pt.symlink").is_file()
     finally:
+        if proc is not None and proc.poll() is None:  # a failed assertion leaves no training process behind
+            proc.kill()
+            proc.wait()
         stop(server)
