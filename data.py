@@ -353,11 +353,7 @@ def describe_read_failure(e: BaseException, where: str) -> Optional[str]:
                 f"is damaged; rebuild it with to_mds.py --overwrite (or upload it again)")
     import storage
 
-    lost = storage.connection_failure(e)
-    if lost is not None:
-        return (f"lost the connection while reading {where} ({type(lost).__name__}: {lost}); check the endpoint and "
-                f"the network, then run the same command with --autoresume=True to continue from the last checkpoint")
-    return None
+    return storage.lost_connection(e, f"while reading {where}")
 
 
 def __getattr__(name: str):

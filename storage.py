@@ -246,6 +246,16 @@ def connection_failure(e: Optional[BaseException]) -> Optional[BaseException]:
     return None
 
 
+def lost_connection(e: BaseException, doing: str) -> Optional[str]:
+    """One line for a lost S3/network connection behind `e` while `doing` (e.g. "while reading s3://..."), naming
+    how a training run continues, or None when the failure is something else."""
+    lost = connection_failure(e)
+    if lost is None:
+        return None
+    return (f"lost the connection {doing} ({type(lost).__name__}: {lost}); check the endpoint and the network, "
+            "then run the same command with --autoresume=True to continue from the last checkpoint")
+
+
 def is_botocore_error(e: BaseException) -> bool:
     from botocore import exceptions as bx
 

@@ -78,7 +78,7 @@ from common import UserError, atomic_write_text, load_dotenv_file, mask_secrets,
 from data import build_dataloaders
 from extensions import build_algorithms, build_callbacks
 from model import GPT, Block, GPTConfig
-from storage import connection_failure, parse_s3_url
+from storage import lost_connection, parse_s3_url
 
 # load_config (the config API's entry point) is not called here, but train.load_config is part of the API
 from train_config import TrainConfig, config_text, config_values, load_config, make_config, usage  # noqa: F401
@@ -335,12 +335,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               f"in {save_folder}, training to {state.max_duration}", flush=True)
     try:
         trainer.fit()
-    except Exception as e:  # a lost S3 connection (data, checkpoint uploads) is one line, not a traceback
-        if isinstance(e, UserError) or (lost := connection_failure(e)) is None:
+    except Exception as e:  # a lost S3 connection is one line, not a traceback
+        if isinstance(e, UserError) or (line := lost_connection(e, "to S3 during training")) is None:
             raise
-        raise UserError(f"lost the connection to S3 during training ({type(lost).__name__}: {lost}); check the "
-                        "endpoint and the network, then re-run with --autoresume=True to continue from the last "
-                        "checkpoint") from None
+        raise UserError(line) from None
     trainer.close()
     if uploads is not None:  # every checkpoint, model.pt and log is in the bucket before "done"
         uploads.finish()
