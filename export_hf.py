@@ -32,9 +32,9 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from checkpoint import load_model, to_hf
-from common import UserError, load_dotenv_file, run_main
-from tokenizer import EOT, EOT_ID, GPT2_VOCAB_SIZE, gpt2
+from pilegpt.checkpoint import load_model, to_hf
+from pilegpt.common import UserError, load_dotenv_file, run_main
+from pilegpt.tokenizer import EOT, EOT_ID, GPT2_VOCAB_SIZE, gpt2
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Optional, Sequence
 
-from common import UserError, atomic_path, run_main
+from pilegpt.common import UserError, atomic_path, run_main
 
 WINDOW = 20  # batches in the moving average
 

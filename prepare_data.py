@@ -69,9 +69,9 @@ from typing import Any, Iterator, NamedTuple, Optional, Sequence
 import numpy as np
 import orjson
 
-from common import UserError, atomic_write_text, run_main
-from data import META_NAME, META_VERSION, Meta
-from tokenizer import get_encoding
+from pilegpt.common import UserError, atomic_write_text, run_main
+from pilegpt.data import META_NAME, META_VERSION, Meta
+from pilegpt.tokenizer import get_encoding
 
 DEFAULT_DATASET = "monology/pile-uncopyrighted"  # the maintained Pile mirror: train/NN.jsonl.zst, val, test
 DEFAULT_OUT_DIR = "data/pile"

@@ -25,9 +25,9 @@ import time
 
 import torch
 
-from checkpoint import load_model
-from common import UserError, load_dotenv_file, run_main
-from tokenizer import EOT, EOT_ID, gpt2
+from pilegpt.checkpoint import load_model
+from pilegpt.common import UserError, load_dotenv_file, run_main
+from pilegpt.tokenizer import EOT, EOT_ID, gpt2
 
 SEPARATOR = "-" * 40  # printed after each sample
 

@@ -68,9 +68,9 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-import storage
-from common import UserError, load_dotenv_file, run_main, setup_logging
-from data import (
+from pilegpt import storage
+from pilegpt.common import UserError, load_dotenv_file, run_main, setup_logging
+from pilegpt.data import (
     INDEX_NAME,
     META_NAME,
     SPLITS,
@@ -83,7 +83,7 @@ from data import (
     read_windows,
     window_starts,
 )
-from storage import S3Dir
+from pilegpt.storage import S3Dir
 
 log = logging.getLogger("to_mds")
 

@@ -47,7 +47,7 @@ from __future__ import annotations
 import sys
 
 if __name__ == "__main__" and any(a in ("-h", "--help") for a in sys.argv[1:]):  # answer before importing torch
-    from train_config import usage
+    from pilegpt.train_config import usage
     print(usage(__doc__.split("\n\n")[1]))
     sys.exit(0)
 
@@ -72,17 +72,17 @@ from composer.models import ComposerModel
 from composer.optim import CosineAnnealingWithWarmupScheduler
 from composer.utils import dist, reproducibility
 
-from callbacks import ExportModel, MetricsLog, SampleText, StopOnNonFinite, build_loggers
-from checkpoint import EXPORT_NAME, existing_checkpoints, load_pretrained, set_aside_broken_checkpoints
-from common import UserError, atomic_write_text, load_dotenv_file, mask_secrets, run_main, tune_glibc_malloc
-from data import build_dataloaders
-from extensions import build_algorithms, build_callbacks
 from model import GPT, Block, GPTConfig
-from storage import lost_connection, parse_s3_url
+from pilegpt.callbacks import ExportModel, MetricsLog, SampleText, StopOnNonFinite, build_loggers
+from pilegpt.checkpoint import EXPORT_NAME, existing_checkpoints, load_pretrained, set_aside_broken_checkpoints
+from pilegpt.common import UserError, atomic_write_text, load_dotenv_file, mask_secrets, run_main, tune_glibc_malloc
+from pilegpt.data import build_dataloaders
+from pilegpt.extensions import build_algorithms, build_callbacks
+from pilegpt.storage import lost_connection, parse_s3_url
 
 # load_config (the config API's entry point) is not called here, but train.load_config is part of the API
-from train_config import TrainConfig, config_text, config_values, load_config, make_config, usage  # noqa: F401
-from uploads import S3Uploads, checkpoint_uploads
+from pilegpt.train_config import TrainConfig, config_text, config_values, load_config, make_config, usage  # noqa: F401
+from pilegpt.uploads import S3Uploads, checkpoint_uploads
 
 CONFIG_JSON = "config.json"
 METRICS_JSONL = "metrics.jsonl"

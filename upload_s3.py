@@ -40,9 +40,9 @@ from __future__ import annotations
 import argparse
 from typing import Optional, Sequence
 
-import storage
-from common import UserError, load_dotenv_file, run_main
-from storage import DEFAULT_PART_SIZE_MB, DEFAULT_WORKERS, MIN_PART_SIZE_MB
+from pilegpt import storage
+from pilegpt.common import UserError, load_dotenv_file, run_main
+from pilegpt.storage import DEFAULT_PART_SIZE_MB, DEFAULT_WORKERS, MIN_PART_SIZE_MB
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:

@@ -36,7 +36,7 @@ from typing import Optional, Sequence
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from common import UserError, run_main  # noqa: E402
+from pilegpt.common import UserError, run_main  # noqa: E402
 
 ROWS = {  # name: (algorithms setting, more train.py settings)
     "none": ({}, []),
@@ -52,8 +52,8 @@ NEEDS_GPU = {"low_precision_layernorm"}
 
 def make_stdlib_bin(folder: Path, n_tokens: int) -> Path:
     """The first n_tokens GPT-2 tokens of the standard library's .py files, 90% train / 10% val."""
-    from data import write_token_files
-    from tokenizer import EOT_ID, gpt2
+    from pilegpt.data import write_token_files
+    from pilegpt.tokenizer import EOT_ID, gpt2
 
     enc, tokens = gpt2(), []
     for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):

@@ -31,14 +31,15 @@ sys.path.insert(0, str(REPO / "bench"))
 from bench_upload_s3 import KEY, SECRET, start_server  # noqa: E402
 
 # train.py with Composer's uploader for checkpoints: the patch that hands the saver S3Uploads is made a no-op.
-COMPOSERS = ("import contextlib, sys, uploads; uploads.checkpoint_uploads = lambda u: contextlib.nullcontext(); "
-             "import train; sys.argv[0] = train.__file__; from common import run_main; run_main(train.main)")
+COMPOSERS = ("import contextlib, sys; from pilegpt import uploads; "
+             "uploads.checkpoint_uploads = lambda u: contextlib.nullcontext(); import train; "
+             "sys.argv[0] = train.__file__; from pilegpt.common import run_main; run_main(train.main)")
 
 
 def write_data(folder: Path) -> None:
     import numpy as np
 
-    from data import write_token_files
+    from pilegpt.data import write_token_files
 
     rng = np.random.default_rng(0)
     write_token_files(folder, {"train": rng.integers(0, 50257, 400_000), "val": rng.integers(0, 50257, 20_000)})

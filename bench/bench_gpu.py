@@ -76,7 +76,7 @@ from typing import Optional, Sequence
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from common import UserError, atomic_write_text, run_main  # noqa: E402
+from pilegpt.common import UserError, atomic_write_text, run_main  # noqa: E402
 
 PILE = REPO / "config" / "pile.py"
 PILE_GPUS = 8  # config/pile.py's global batch is sized for one node of 8 GPUs
@@ -207,7 +207,7 @@ def flops_per_token(extra: list[str], block_size: int, vocab_size: int) -> int:
     import torch
 
     from model import GPT
-    from train_config import load_config
+    from pilegpt.train_config import load_config
 
     cfg = load_config([str(PILE), f"--block_size={block_size}", f"--vocab_size={vocab_size}", "--data_dir=.",
                        *[a for a in extra if a.split("=")[0] in ("--n_layer", "--n_head", "--n_embd")]])
@@ -224,7 +224,7 @@ def write_data(folder: Path, n_train: int, n_val: int, block_size: int, seed: in
     import numpy as np
 
     import to_mds
-    from data import write_token_files
+    from pilegpt.data import write_token_files
 
     rng = np.random.default_rng(seed)
     bins = folder / "bin"
@@ -346,8 +346,8 @@ def bench_loader(setup: Setup, workers: int, batches: int) -> Row:
     import composer  # noqa: F401  (imported before the clock starts: train.py's start-up is not the loader's)
     import torch
 
-    from data import build_dataloaders
-    from train_config import load_config
+    from pilegpt.data import build_dataloaders
+    from pilegpt.train_config import load_config
 
     row = Row(f"loader, {workers} workers", note=f"build_dataloaders, {batches} batches of {setup.batch}, no model")
     t0 = time.monotonic()
@@ -485,7 +485,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     t_start = time.monotonic()
     args = parse_args(argv)
-    from train_config import read_config_file
+    from pilegpt.train_config import read_config_file
 
     pile = read_config_file(str(PILE))
     smoke = args.smoke

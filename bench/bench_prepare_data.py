@@ -77,7 +77,7 @@ def make_corpus(folder: Path, docs: list[str], target_mb: float, n_files: int = 
 
 
 def baseline(texts: list[str]) -> dict:
-    from tokenizer import gpt2
+    from pilegpt.tokenizer import gpt2
 
     enc = gpt2()
     t0, c0 = time.perf_counter(), time.process_time()
@@ -118,7 +118,7 @@ def tokenizing_path(corpus: Path, passes: int = 2) -> dict:
     same moments of a noisy machine, so the ratio holds where whole-run ratios swing by 10 points. Reading and
     decompressing the tasks, and start-up, are measured apart."""
     import prepare_data
-    from tokenizer import gpt2
+    from pilegpt.tokenizer import gpt2
 
     files = prepare_data.list_local_inputs([str(corpus)], [])
     enc = gpt2()

@@ -45,7 +45,7 @@ VOCAB = 50257
 
 
 def write_bin(folder: Path, tokens: np.ndarray) -> Path:
-    from data import write_token_files
+    from pilegpt.data import write_token_files
 
     write_token_files(folder, {"train": tokens}, vocab_size=VOCAB, dtype="uint16")
     return folder
@@ -73,7 +73,7 @@ def write_with_threads(tokens: np.ndarray, out: Path, block_size: int, workers: 
     from streaming import MDSWriter
 
     import to_mds
-    from data import check_token_range, read_windows, window_starts
+    from pilegpt.data import check_token_range, read_windows, window_starts
 
     starts = window_starts(len(tokens), block_size)
     probe = MDSWriter(out=str(out), **settings)
@@ -118,7 +118,7 @@ def convert_with(data: Path, out: Path, block_size: int, how: str, workers: int,
     from streaming import MDSWriter
 
     import to_mds
-    from data import check_token_range, mds_columns, read_windows, window_starts
+    from pilegpt.data import check_token_range, mds_columns, read_windows, window_starts
 
     tokens = np.memmap(data / "train.bin", dtype=np.uint16, mode="r")
     settings = dict(columns=mds_columns("uint16", block_size), compression=to_mds.DEFAULT_COMPRESSION,
@@ -277,7 +277,7 @@ def main() -> None:
                     f"zstd:1 {folder_bytes(tmp / 'mds1') / len(tokens):.3f} bytes/token (uncompressed x+y: 4.0)")
 
         if SHAKESPEARE.is_file():
-            from tokenizer import gpt2
+            from pilegpt.tokenizer import gpt2
 
             enc = gpt2()
             text_tokens = np.array(enc.encode_ordinary(SHAKESPEARE.read_text()) + [enc.eot_token], np.uint16)

@@ -35,7 +35,7 @@ from typing import Optional, Sequence
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from common import UserError, run_main  # noqa: E402
+from pilegpt.common import UserError, run_main  # noqa: E402
 
 JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
 JEMALLOC_CONF = "retain:true,dirty_decay_ms:-1,muzzy_decay_ms:-1"
@@ -43,8 +43,8 @@ SHAKESPEARE = REPO / "tests" / "fixtures" / "tinyshakespeare.txt"
 
 
 def make_shakespeare_bin(folder: Path) -> Path:
-    from data import write_token_files
-    from tokenizer import gpt2
+    from pilegpt.data import write_token_files
+    from pilegpt.tokenizer import gpt2
 
     tokens = gpt2().encode_ordinary(SHAKESPEARE.read_text()) + [50256]
     n_val = len(tokens) // 10

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 import train
-import train_config
-from common import UserError
 from conftest import REPO
+from pilegpt import train_config
+from pilegpt.common import UserError
 
 DATA = ["--data_dir=data/x"]  # every config needs a data source; the folder is not opened by load_config
 

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-import data
-import train
-from common import UserError
-from conftest import REPO
-from data import Meta, SplitInfo, permute, read_windows, resumable_sampler, window_starts, write_token_files
 from test_train import SMALL, losses_by_batch, read_jsonl
+
+import train
+from conftest import REPO
+from pilegpt import data
+from pilegpt.common import UserError
+from pilegpt.data import Meta, SplitInfo, permute, read_windows, resumable_sampler, window_starts, write_token_files
 
 TRAIN = [*SMALL, "--device=cpu", "--sample_length=0", "--max_duration=2ba", "--eval_interval=2ba",
          "--eval_subset_num_batches=1", "--progress_bar=False"]

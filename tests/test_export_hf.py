@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-import checkpoint
 import export_hf
 import train
-from common import UserError
 from conftest import REPO, SHAKESPEARE
-from data import write_token_files
 from model import GPT, GPTConfig
-from tokenizer import gpt2
+from pilegpt import checkpoint
+from pilegpt.common import UserError
+from pilegpt.data import write_token_files
+from pilegpt.tokenizer import gpt2
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 import torch
 from composer.core import Callback
-
-import extensions
-import train
-from common import UserError
-from conftest import REPO, SHAKESPEARE
 from test_train import SMALL, checkpoint_state, run, tokenize, write_bin
+
+import train
+from conftest import REPO, SHAKESPEARE
+from pilegpt import extensions
+from pilegpt.common import UserError
 
 DATA = ["--data_dir=data/x"]  # load_config does not open it
 
@@ -200,8 +200,8 @@ def test_the_export_holds_the_ema_weights_even_without_a_checkpoint_at_the_end(o
     # ExportModel swaps them in itself.
     from composer.algorithms import EMA
 
-    from callbacks import ExportModel
-    from checkpoint import load_export
+    from pilegpt.callbacks import ExportModel
+    from pilegpt.checkpoint import load_export
 
     ema = EMA(half_life="2ba")
     state = fit([ema], [ExportModel("100ba", str(tmp_path), None)])
@@ -262,7 +262,7 @@ def ema_runs(tmp_path_factory):
 
 @pytest.mark.slow
 def test_ema_changes_the_exported_weights_and_nothing_else(ema_runs):
-    from checkpoint import load_export
+    from pilegpt.checkpoint import load_export
 
     plain = load_export(ema_runs / "plain" / "model.pt").state_dict()
     ema = load_export(ema_runs / "ema" / "model.pt").state_dict()

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_train import SMALL, checkpoint_state, losses_by_batch
 
 from conftest import REPO, start_s3_server, stop
-from data import write_token_files
-from test_train import SMALL, checkpoint_state, losses_by_batch
+from pilegpt.data import write_token_files
 
 pytestmark = pytest.mark.slow
 ARGS = [*SMALL, "--device=cpu", "--sample_length=8", "--eval_interval=3ba", "--eval_subset_num_batches=1",

@@ -15,14 +15,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import checkpoint
 import sample
 import train
-from common import UserError
 from conftest import REPO, SHAKESPEARE
-from data import write_token_files
 from model import GPTConfig
-from tokenizer import gpt2
+from pilegpt import checkpoint
+from pilegpt.common import UserError
+from pilegpt.data import write_token_files
+from pilegpt.tokenizer import gpt2
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

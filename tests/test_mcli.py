@@ -28,8 +28,8 @@ import numpy as np
 import pytest
 
 from conftest import REPO, SHAKESPEARE
-from data import mds_cache_dir
-from tokenizer import gpt2
+from pilegpt.data import mds_cache_dir
+from pilegpt.tokenizer import gpt2
 
 mcli = pytest.importorskip("mcli", reason="mosaicml-cli is a dev requirement (pip install -r requirements-dev.txt)")
 from mcli import FinalRunConfig, RunConfig  # noqa: E402

@@ -5,8 +5,8 @@ import pickle
 import pytest
 import torch
 
-from checkpoint import EXPORT_FORMAT, load_export, save_export
 from model import GPT, GPTConfig
+from pilegpt.checkpoint import EXPORT_FORMAT, load_export, save_export
 
 TINY = dict(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32, dropout=0.0)
 

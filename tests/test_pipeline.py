@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO, SHAKESPEARE
-from tokenizer import gpt2
+from pilegpt.tokenizer import gpt2
 
 pytestmark = [pytest.mark.slow, pytest.mark.s3]
 

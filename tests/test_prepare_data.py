@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 import prepare_data
-from common import UserError, run_main
 from conftest import PILE_SAMPLE, REPO, SHAKESPEARE
-from tokenizer import gpt2
+from pilegpt.common import UserError, run_main
+from pilegpt.tokenizer import gpt2
 
 ENC = gpt2()
 EOT = 50256

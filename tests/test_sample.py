@@ -10,12 +10,12 @@ from dataclasses import asdict
 import pytest
 import torch
 
-import checkpoint
 import sample
-from checkpoint import EXPORT_NAME, save_export
-from common import UserError
 from conftest import REPO
 from model import GPT, GPTConfig
+from pilegpt import checkpoint
+from pilegpt.checkpoint import EXPORT_NAME, save_export
+from pilegpt.common import UserError
 
 # GPT-2's vocabulary (prompts are tiktoken-encoded), everything else tiny.
 CONFIG = dict(block_size=32, vocab_size=50257, n_layer=2, n_head=2, n_embd=16)

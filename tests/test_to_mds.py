@@ -18,11 +18,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import storage
 import to_mds
-from common import run_main
 from conftest import SHAKESPEARE
-from data import Meta, write_token_files
+from pilegpt import storage
+from pilegpt.common import run_main
+from pilegpt.data import Meta, write_token_files
 
 REPO = Path(__file__).resolve().parents[1]
 T = 64  # block size of most tests: small, so the tiny data still makes thousands of samples
@@ -45,7 +45,7 @@ def write_bin(folder: Path, splits: dict, meta: bool = True, dtype: str = "uint1
 @pytest.fixture(scope="session")
 def shakespeare_tokens() -> np.ndarray:
     """Tiny Shakespeare as GPT-2 tokens (338k), one document ending in <|endoftext|>."""
-    from tokenizer import gpt2
+    from pilegpt.tokenizer import gpt2
 
     enc = gpt2()
     text = SHAKESPEARE.read_text()

@@ -6,8 +6,8 @@ import hashlib
 import numpy as np
 import pytest
 
-import tokenizer
 from conftest import SHAKESPEARE
+from pilegpt import tokenizer
 
 MIXED = "Hello world! It\u2019s 2026\u2014caf\u00e9 na\u00efve \u6771\u4eac \U0001F600\n\n   indented\tx<|endoftext|>"
 MIXED_IDS = [15496, 995, 0, 632, 447, 247, 82, 1160, 2075, 960, 66, 1878, 2634, 41492, 10545, 251, 109, 12859, 105,

@@ -21,10 +21,10 @@ import pytest
 import torch
 
 import train
-from common import UserError
 from conftest import REPO, SHAKESPEARE
-from data import BinDataset, collate_mds, resumable_sampler, write_token_files
-from tokenizer import gpt2
+from pilegpt.common import UserError
+from pilegpt.data import BinDataset, collate_mds, resumable_sampler, write_token_files
+from pilegpt.tokenizer import gpt2
 
 GOLDEN = REPO / "tests" / "golden" / "tiny_losses.json"
 GOLDEN_TOKENS = 40_000  # of tiny Shakespeare, 90% train / 10% val
@@ -214,7 +214,7 @@ def test_bin_training_with_composer_checkpoints_exports_and_resumes_at_the_same_
     saved = json.loads((run_dir / "config.json").read_text())
     assert saved["config"]["max_duration"] == "6ba" and saved["world_size"] == 1
     assert checkpoint_state(run_dir / "ep0-ba3-rank0.pt")["timestamp"]["Timestamp"]["token"] == 3 * 4 * 32
-    from checkpoint import load_export
+    from pilegpt.checkpoint import load_export
     exported = load_export(run_dir / "model.pt")
     assert exported.config.n_embd == 32
 

@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import storage
 import upload_s3
-from common import UserError
 from conftest import REPO, free_port
+from pilegpt import storage
+from pilegpt.common import UserError
 
 BLOCK = 64  # tokens per sample in the small dataset
 SECRET_NOT_TO_LEAK = "wrong-secret-that-must-not-leak-7c1e"

@@ -33,8 +33,8 @@ from typing import Iterator, Optional
 
 from composer.loggers import LoggerDestination
 
-from common import UserError
-from storage import S3Dir, make_client
+from pilegpt.common import UserError
+from pilegpt.storage import S3Dir, make_client
 
 RERUN = "then re-run with --autoresume=True to continue from the last checkpoint in the bucket"
 POLL_S = 1.0  # how often a check for another process's upload asks S3 (Composer: 30 s)

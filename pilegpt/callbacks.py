@@ -26,9 +26,9 @@ from composer.loggers import Logger, LoggerDestination
 from composer.models import ComposerModel
 from composer.utils import create_interval_scheduler, dist, model_eval_mode
 
-from checkpoint import EXPORT_NAME, save_export
-from common import UserError
 from model import GPT
+from pilegpt.checkpoint import EXPORT_NAME, save_export
+from pilegpt.common import UserError
 
 
 def composer_model(state: State) -> ComposerModel:
@@ -56,7 +56,7 @@ class SampleText(Callback):
 
     def __init__(self, prompt: str, max_new_tokens: int, block_size: int, temperature: float = 0.8, top_k: int = 200,
                  seed: int = 0):
-        from tokenizer import EOT_ID, gpt2
+        from pilegpt.tokenizer import EOT_ID, gpt2
 
         self.enc, self.prompt_ids = gpt2(), gpt2().encode_ordinary(prompt) or [EOT_ID]
         self.max_new_tokens, self.block_size = max_new_tokens, block_size

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
-from common import UserError
+from pilegpt.common import UserError
 
 
 @dataclass
@@ -97,7 +97,7 @@ class TrainConfig:
         """Cross-field rules; a ValueError listing every broken one. Model-shape rules live in GPTConfig."""
         from composer.core import Time, TimeUnit
 
-        from extensions import check_algorithms, check_callbacks
+        from pilegpt.extensions import check_algorithms, check_callbacks
 
         errors = []
         try:

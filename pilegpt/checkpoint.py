@@ -31,9 +31,9 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from common import UserError, atomic_path
 from model import GPT, GPTConfig
-from tokenizer import EOT_ID, GPT2_VOCAB_SIZE
+from pilegpt.common import UserError, atomic_path
+from pilegpt.tokenizer import EOT_ID, GPT2_VOCAB_SIZE
 
 EXPORT_NAME = "model.pt"  # file name of the weights-only export train.py writes into its save folder
 EXPORT_FORMAT = "pile-gpt-export-v1"  # tag inside the export file, checked on load
@@ -229,7 +229,7 @@ def resolve_local(spec: str) -> str:
 def download_s3(spec: str, tmpdir: str, endpoint_url: Optional[str] = None) -> str:
     """Download an s3:// checkpoint file or run folder's export / latest checkpoint into tmpdir; return the
     local file. Follows Composer's `.symlink` files (they hold the target's object name)."""
-    import storage
+    from pilegpt import storage
 
     bucket, key = storage.parse_s3_url(spec)
     if key.endswith(".symlink"):
@@ -270,7 +270,7 @@ def existing_checkpoints(save_folder: str) -> list[str]:
         return sorted(p.name for p in folder.iterdir() if CHECKPOINT_PATTERN.search(p.name)) if folder.is_dir() else []
     if not save_folder.startswith("s3://"):
         return []
-    import storage
+    from pilegpt import storage
 
     return sorted(n for n in storage.S3Dir(save_folder).names() if CHECKPOINT_PATTERN.search(n))
 
@@ -450,7 +450,7 @@ def point_latest_at_newest_s3(save_folder: str) -> Optional[str]:
     the two (S3 lost, a kill) leaves it missing or at an older checkpoint, and the resumed run would retrain
     from there (or from scratch) and then refuse to overwrite the newer checkpoint. S3 objects appear whole or
     not at all, so the newest one listed is safe to resume from. Returns a line saying what changed, or None."""
-    import storage
+    from pilegpt import storage
 
     folder = storage.S3Dir(save_folder)
     names = folder.names()

@@ -26,7 +26,7 @@ import importlib
 import inspect
 from typing import Any
 
-from common import UserError
+from pilegpt.common import UserError
 
 # name -> class in composer.algorithms
 ALGORITHMS = {

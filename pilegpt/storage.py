@@ -2,7 +2,7 @@
 a prefix seen as a folder, and the index-last upload of a dataset folder.
 
 Usage:
-    import storage
+    from pilegpt import storage
     bucket, prefix = storage.parse_s3_url("s3://my-bucket/pile/mds")      # ("my-bucket", "pile/mds")
     train = storage.S3Dir("s3://my-bucket/pile/mds/train")                 # a client from make_client()
     if train.exists("index.json"):
@@ -54,8 +54,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, NamedTuple, Optional
 
-from common import UserError, atomic_path
-from data import INDEX_NAME, TO_MDS_META
+from pilegpt.common import UserError, atomic_path
+from pilegpt.data import INDEX_NAME, TO_MDS_META
 
 MD5_META_KEY = "md5chksum"  # x-amz-meta-md5chksum = base64 MD5 of the whole file (the key rclone uses too)
 DEFAULT_WORKERS = 8  # parallel requests (whole small files and parts of big ones)

@@ -1,6 +1,6 @@
 """The GPT-2 tokenizer, loaded from the vocabulary file that ships with this repo: no download, ever.
 
-    from tokenizer import gpt2
+    from pilegpt.tokenizer import gpt2
     enc = gpt2()                       # a tiktoken.Encoding, the same ids as tiktoken.get_encoding("gpt2")
     ids = enc.encode_ordinary("Hello world")   # [15496, 995]
     text = enc.decode(ids)
@@ -20,7 +20,7 @@ import hashlib
 from pathlib import Path
 
 GPT2_NAMES = ("gpt2", "r50k_base")  # tiktoken's names for the same vocabulary
-BPE_FILE = Path(__file__).resolve().parent / "assets" / "r50k_base.tiktoken"
+BPE_FILE = Path(__file__).resolve().parent.parent / "assets" / "r50k_base.tiktoken"
 BPE_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 EOT = "<|endoftext|>"
 EOT_ID = 50256  # GPT-2's end-of-text token: ends every document, starts an unconditional sample

@@ -25,7 +25,7 @@ from typing import Optional
 
 import numpy as np
 
-from common import UserError, atomic_write_text
+from pilegpt.common import UserError, atomic_write_text
 
 META_NAME = "meta.json"  # beside train.bin / val.bin
 META_VERSION = 2  # of the .bin format: bump when the tokens written for the same input change (2: blank docs skipped)
@@ -337,7 +337,7 @@ def read_split_file(root: str, split: str, name: str) -> Optional[bytes]:
         return path.read_bytes() if path.is_file() else None
     if not root.startswith("s3://"):
         return None
-    import storage
+    from pilegpt import storage
 
     folder = storage.S3Dir(f"{root.rstrip('/')}/{split}")
     return folder.read(name) if folder.exists(name) else None
@@ -351,7 +351,7 @@ def describe_read_failure(e: BaseException, where: str) -> Optional[str]:
         Path(cached).unlink(missing_ok=True)  # a cache file: the next run downloads it again
         return (f"shard {Path(cached).name} of {where} does not match the checksum in its {INDEX_NAME}: the dataset "
                 f"is damaged; rebuild it with to_mds.py --overwrite (or upload it again)")
-    import storage
+    from pilegpt import storage
 
     return storage.lost_connection(e, f"while reading {where}")
 
