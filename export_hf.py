@@ -12,11 +12,11 @@ Usage:
 SRC is what sample.py takes: a model.pt export, a Composer checkpoint or a run folder, local or s3:// (read
 weights-only by checkpoint.load_model). OUT_DIR receives:
     config.json             GPT2Config: n_positions = block_size, vocab_size 50257, tanh GELU ("gelu_new")
-    model.safetensors       the weights (checkpoint.to_hf: Conv1D transposes, zero biases for bias=False, a
+    model.safetensors       the weights (hf.to_hf: Conv1D transposes, zero biases for bias=False, a
                             vocabulary padded to e.g. 50304 cut back to GPT-2's 50,257 tokens)
     generation_config.json  <|endoftext|> (50256) as bos and eos
     vocab.json, merges.txt, tokenizer.json, tokenizer_config.json, special_tokens_map.json
-                            GPT-2's tokenizer, made offline from tokenizer.py's assets/r50k_base.tiktoken
+                            GPT-2's tokenizer, made offline from pilegpt/tokenizer.py's assets/r50k_base.tiktoken
 The folder is written under a temporary name beside OUT_DIR and renamed into place: a reader never sees half an
 export. An existing non-empty OUT_DIR is refused unless --overwrite.
 """
@@ -32,8 +32,9 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from pilegpt.checkpoint import load_model, to_hf
+from pilegpt.checkpoint import add_load_arguments, load_model
 from pilegpt.common import UserError, load_dotenv_file, run_main
+from pilegpt.hf import to_hf
 from pilegpt.tokenizer import EOT, EOT_ID, GPT2_VOCAB_SIZE, gpt2
 
 
@@ -43,10 +44,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("src", help="model.pt export, Composer checkpoint file, or run folder; local path or s3://bucket/key")
     p.add_argument("out_dir", help="folder to write the Hugging Face model into")
     p.add_argument("--overwrite", action="store_true", help="replace an existing non-empty OUT_DIR")
-    p.add_argument("--n-head", type=int, default=None,
-                   help="attention heads, only for a Composer checkpoint that does not store its model_args")
-    p.add_argument("--endpoint-url", default=None, help="S3-compatible endpoint (default: AWS_ENDPOINT_URL or "
-                                                        "S3_ENDPOINT_URL)")
+    add_load_arguments(p)
     return p.parse_args(argv)
 
 

@@ -168,13 +168,7 @@ class GPT(nn.Module):
         for _ in range(max_new_tokens):
             idx_cond = idx if idx.size(1) <= self.config.block_size else idx[:, -self.config.block_size:]
             logits, _ = self(idx_cond)
-            logits = logits[:, -1, :] / temperature  # (B, V)
-            if top_k is not None:
-                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
-                logits[logits < v[:, [-1]]] = -float("inf")
-            probs = F.softmax(logits, dim=-1)
-            idx_next = torch.multinomial(probs, num_samples=1)  # (B, 1)
-            idx = torch.cat((idx, idx_next), dim=1)
+            idx = torch.cat((idx, sample_next(logits[:, -1, :], temperature, top_k)), dim=1)
         return idx
 
     def num_params(self, non_embedding: bool = False) -> int:
@@ -218,3 +212,13 @@ class GPT(nn.Module):
             raise ValueError(f"block_size must be in [1, {self.config.block_size}], got {block_size}")
         self.config.block_size = block_size
         self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size].detach().clone())
+
+
+def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None) -> torch.Tensor:
+    """One token id per row of logits (B, V), drawn from softmax(logits / temperature) restricted to the top_k
+    most likely tokens (None: all of them); returns (B, 1)."""
+    logits = logits / temperature
+    if top_k is not None:
+        v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+        logits[logits < v[:, [-1]]] = -float("inf")
+    return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)

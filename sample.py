@@ -5,10 +5,10 @@
     python sample.py --checkpoint runs/pile/ep0-ba2000-rank0.pt --device cuda --seed 7
 
 --checkpoint takes
-- the weights-only export `model.pt` that train.py writes beside its checkpoints (model.save_export);
+- the weights-only export `model.pt` that train.py writes beside its checkpoints (checkpoint.save_export);
 - a Composer checkpoint file (`ep*-ba*-rank0.pt`, `latest-rank0.pt`, or its `.symlink` on S3);
 - a run folder (local or s3://bucket/prefix): its model.pt, else its latest-rank0.pt checkpoint.
-Files are read by checkpoint.py with torch.load(weights_only=True): nothing in a file can run code while
+Files are read by pilegpt/checkpoint.py with torch.load(weights_only=True): nothing in a file can run code while
 it is read.
 The GPT's shape comes from the export's model_args, or from the model_args train.py stores in the
 Composer checkpoint's model state (`_extra_state`); for a checkpoint without them, pass --n-head.
@@ -25,7 +25,7 @@ import time
 
 import torch
 
-from pilegpt.checkpoint import load_model
+from pilegpt.checkpoint import add_load_arguments, load_model
 from pilegpt.common import UserError, load_dotenv_file, run_main
 from pilegpt.tokenizer import EOT, EOT_ID, gpt2
 
@@ -44,10 +44,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="sample among the k likeliest tokens; 0 = all; 1 = greedy (default 200)")
     p.add_argument("--seed", type=int, default=1337, help="random seed; same seed + device = same text (default 1337)")
     p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda when available)")
-    p.add_argument("--n-head", type=int, default=None,
-                   help="attention heads, only for a Composer checkpoint that does not store its model_args")
-    p.add_argument("--endpoint-url", default=None, help="S3-compatible endpoint (default: AWS_ENDPOINT_URL or "
-                                                        "S3_ENDPOINT_URL)")
+    add_load_arguments(p)
     args = p.parse_args(argv)
     for name in ("num_samples", "max_new_tokens"):
         if getattr(args, name) < 1:

@@ -7,14 +7,14 @@ Usage:
     composer -n 2 train.py config/tiny.py                           # 2 CPU processes (gloo), for testing
     python train.py --help                                          # every setting, its default and meaning
 
-Configuration: `TrainConfig` (train_config.py) is the one list of settings, with nanoGPT's names. Config
+Configuration: `TrainConfig` (pilegpt/train_config.py) is the one list of settings, with nanoGPT's names. Config
 files (config/*.py) are plain Python assignments, applied in the order given, then `--key=value` arguments;
-unknown keys and wrong types are errors (see train_config.py). `.env` in the working directory is loaded
+unknown keys and wrong types are errors (see pilegpt/train_config.py). `.env` in the working directory is loaded
 first, so config files can read S3 settings and paths from the environment.
 
 Data (a batch is {"x": LongTensor (B, T), "y": LongTensor (B, T)}, y = x shifted by one token):
     data_dir=DIR           DIR/train.bin (+ val.bin, meta.json) from prepare_data.py: sample i is the
-                           window tokens[i*T : i*T+T+1] (data.py: non-overlapping windows, shuffled every
+                           window tokens[i*T : i*T+T+1] (pilegpt/loaders.py: non-overlapping windows, shuffled every
                            epoch, each token seen once per epoch, ranks never overlap);
                            or DIR/train/ (+ DIR/val/) MDS folders from to_mds.py.
     data_remote=ROOT       MDS root(s) holding train/ (+ val/): a local folder or s3://bucket/prefix, read by
@@ -23,11 +23,11 @@ Data (a batch is {"x": LongTensor (B, T), "y": LongTensor (B, T)}, y = x shifted
 A missing validation split just means no evaluation.
 
 Starting weights: init_from=gpt2 (-medium, -large, -xl), a Hugging Face GPT-2 folder, or a pile-gpt model.pt /
-checkpoint / run folder (local or s3://) starts from those weights, in their shape (checkpoint.load_pretrained);
+checkpoint / run folder (local or s3://) starts from those weights, in their shape (pilegpt/hf.py load_pretrained);
 the optimizer and schedule start fresh, and a run that autoresumes keeps its own checkpoint instead.
 
 Extensions: algorithms={"ema": {"half_life": "1000ba"}} and callbacks={"optimizer_monitor": {}, "pkg.mod:Class": {}}
-turn on Composer's algorithms and callbacks by name, and callbacks of your own (extensions.py; README "Extending
+turn on Composer's algorithms and callbacks by name, and callbacks of your own (pilegpt/extensions.py; README "Extending
 training"). grad_clip's norm clipping is always on unless grad_clip=0.
 
 Outputs (save_folder, local or s3://; default runs/{run_name}):
@@ -73,15 +73,16 @@ from composer.optim import CosineAnnealingWithWarmupScheduler
 from composer.utils import dist, reproducibility
 
 from model import GPT, Block, GPTConfig
+from pilegpt import storage
 from pilegpt.callbacks import ExportModel, MetricsLog, SampleText, StopOnNonFinite, build_loggers
-from pilegpt.checkpoint import EXPORT_NAME, existing_checkpoints, load_pretrained, set_aside_broken_checkpoints
+from pilegpt.checkpoint import EXPORT_NAME
 from pilegpt.common import UserError, atomic_write_text, load_dotenv_file, mask_secrets, run_main, tune_glibc_malloc
-from pilegpt.data import build_dataloaders
 from pilegpt.extensions import build_algorithms, build_callbacks
-from pilegpt.storage import lost_connection, parse_s3_url
-
-# load_config (the config API's entry point) is not called here, but train.load_config is part of the API
-from pilegpt.train_config import TrainConfig, config_text, config_values, load_config, make_config, usage  # noqa: F401
+from pilegpt.hf import load_pretrained
+from pilegpt.loaders import build_dataloaders
+from pilegpt.resume import existing_checkpoints, set_aside_broken_checkpoints
+from pilegpt.s3 import lost_connection
+from pilegpt.train_config import SHAPE_FIELDS, TrainConfig, config_text, config_values, make_config
 from pilegpt.uploads import S3Uploads, checkpoint_uploads
 
 CONFIG_JSON = "config.json"
@@ -194,8 +195,7 @@ def check_same_model(cfg: TrainConfig, run_dir: str, save_folder: str) -> None:
     if not os.path.isfile(path):
         return
     saved = json.loads(open(path).read()).get("config", {})
-    fields = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "bias")
-    changed = [f"{k}={getattr(cfg, k)!r} (the run has {saved[k]!r})" for k in fields
+    changed = [f"{k}={getattr(cfg, k)!r} (the run has {saved[k]!r})" for k in SHAPE_FIELDS
                if k in saved and saved[k] != getattr(cfg, k)]
     if changed:
         raise UserError(f"autoresume: the checkpoints in {save_folder} are of "
@@ -205,12 +205,9 @@ def check_same_model(cfg: TrainConfig, run_dir: str, save_folder: str) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if any(a in ("-h", "--help") for a in argv):
-        print(usage(__doc__.split("\n\n")[1]))
-        return 0
     load_dotenv_file()  # before the config files, which may read S3 settings and paths from the environment
     values = config_values(argv)
-    # init_from: start from trained weights, in their shape (checkpoint.load_pretrained reads GPT-2 by name, a
+    # init_from: start from trained weights, in their shape (hf.load_pretrained reads GPT-2 by name, a
     # Hugging Face folder or a pile-gpt run); config values that contradict the shape are an error.
     init_from = values.get("init_from", "scratch")
     source, origin = load_pretrained(init_from) if init_from != "scratch" else (None, "")
@@ -223,10 +220,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # Where the run's files go: save_folder holds the checkpoints; run_dir the export, config and logs
     # (the same folder, or a local one that is uploaded beside the checkpoints of an s3:// save_folder).
     save_folder = cfg.save_folder.format(run_name=cfg.run_name)
-    remote = "://" in save_folder
-    prefix = save_folder.partition("://")[2].partition("/")[2].strip("/")
+    remote = storage.folder(save_folder) if storage.is_remote(save_folder) else None  # an s3.S3Dir
     def remote_name(name: str) -> Optional[str]:  # noqa: E306  the object key of a run file, when remote
-        return (f"{prefix}/{name}" if prefix else name) if remote else None
+        return remote.key(name) if remote else None
     run_dir = os.path.join("runs", cfg.run_name or "run") if remote else save_folder
     if cfg.autoresume:  # a kill during a checkpoint write leaves a truncated file that autoresume trips over
         if rank == 0 and (note := set_aside_broken_checkpoints(save_folder)):
@@ -277,7 +273,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                MetricsLog(os.path.join(run_dir, METRICS_JSONL), cfg.log_interval, print_steps=not cfg.progress_bar,
                           remote_name=remote_name(f"logs/{start}-{METRICS_JSONL}")),
                *build_loggers(cfg)]
-    uploads = S3Uploads(parse_s3_url(save_folder)[0]) if remote else None  # checkpoints, config, model.pt, logs
+    uploads = S3Uploads(remote.bucket) if remote else None  # checkpoints, config, model.pt, logs
     if uploads is not None:
         loggers.insert(0, uploads)
     callbacks = [SpeedMonitor(window_size=cfg.speed_window), LRMonitor(), RuntimeEstimator(time_unit="seconds"),

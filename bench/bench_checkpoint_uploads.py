@@ -26,9 +26,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
-
-from bench_upload_s3 import KEY, SECRET, start_server  # noqa: E402
+sys.path.insert(0, str(REPO / "tests"))
+from helpers import KEY, SECRET, start_s3_server, stop  # noqa: E402
 
 # train.py with Composer's uploader for checkpoints: the patch that hands the saver S3Uploads is made a no-op.
 COMPOSERS = ("import contextlib, sys; from pilegpt import uploads; "
@@ -72,8 +71,8 @@ def main(argv=None) -> int:
         tmp = Path(tmp)
         write_data(tmp / "data")
         served = tmp / "s3root" / "bench"
-        served.mkdir(parents=True)
-        server, endpoint = start_server(served.parent)
+        server, s3 = start_s3_server(served.parent, bucket="bench")
+        endpoint = s3.endpoint_url
         env = {**os.environ, "AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET,
                "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint, "PYTHONUNBUFFERED": "1"}
         times: dict[str, list[float]] = {"local": [], "composer": [], "threads": []}
@@ -90,8 +89,7 @@ def main(argv=None) -> int:
                         assert len(got) == saves and (served / f"{variant}{r}" / "model.pt").is_file(), got
                     print(f"round {r + 1}: {variant:<8} {times[variant][-1]:6.1f} s", flush=True)
         finally:
-            server.terminate()
-            server.wait(timeout=10)
+            stop(server)
         size = max(p.stat().st_size for p in (served / "threads0").glob("ep*-ba*-rank0.pt"))
 
     best = {name: min(values) for name, values in times.items()}

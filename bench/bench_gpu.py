@@ -20,7 +20,7 @@ downloaded. The rows, in the order they run (later rows are the first to fall to
     eager-50304-auto      microbatch "auto" instead of 12
     compile-50304-auto    compile + padded vocab + "auto": the fastest candidate default
     compile-50257-fixed   compile without the padding (does padding matter more once compiled?)
-    loader, W workers     data.build_dataloaders on the same data with pile.py's settings and num_workers=W, iterated
+    loader, W workers     loaders.build_dataloaders on the same data with pile.py's settings and num_workers=W, iterated
                           --loader-batches batches with no model (pin_memory as train.py on GPU)
 
 Columns:
@@ -341,12 +341,12 @@ def stop_streaming_threads(dataset) -> None:
 
 
 def bench_loader(setup: Setup, workers: int, batches: int) -> Row:
-    """data.build_dataloaders with pile.py's settings and `workers` DataLoader workers: samples/s over `batches`
+    """loaders.build_dataloaders with pile.py's settings and `workers` DataLoader workers: samples/s over `batches`
     batches after the first (which pays for starting the workers and opening the shards), with no model."""
     import composer  # noqa: F401  (imported before the clock starts: train.py's start-up is not the loader's)
     import torch
 
-    from pilegpt.data import build_dataloaders
+    from pilegpt.loaders import build_dataloaders
     from pilegpt.train_config import load_config
 
     row = Row(f"loader, {workers} workers", note=f"build_dataloaders, {batches} batches of {setup.batch}, no model")

@@ -40,6 +40,8 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from pilegpt.mds_write import folder_bytes  # noqa: E402
+
 SHAKESPEARE = REPO / "tests" / "fixtures" / "tinyshakespeare.txt"
 VOCAB = 50257
 
@@ -72,19 +74,20 @@ def write_with_threads(tokens: np.ndarray, out: Path, block_size: int, workers: 
 
     from streaming import MDSWriter
 
-    import to_mds
+    from pilegpt import compat
     from pilegpt.data import check_token_range, read_windows, window_starts
+    from pilegpt.mds_write import chunks
 
     starts = window_starts(len(tokens), block_size)
     probe = MDSWriter(out=str(out), **settings)
     probe.cancel_future_jobs()
-    per_shard = (probe.size_limit - probe.extra_bytes_per_shard) // (4 * block_size + probe.extra_bytes_per_sample)
+    per_shard = compat.mds_samples_per_shard(probe, 4 * block_size, probe.size_limit)
     shard_starts = [starts[i:i + per_shard] for i in range(0, len(starts), per_shard)]
 
     def write_shard(j: int) -> dict:
         part = out / f".shard-{j:05}"
         writer = MDSWriter(out=str(part), **settings)
-        for chunk in to_mds.chunks(shard_starts[j], block_size):
+        for chunk in chunks(shard_starts[j], block_size):
             x, y = read_windows(tokens, chunk, block_size)
             check_token_range(x, y, chunk, "train.bin", VOCAB)
             for xk, yk in zip(x, y):
@@ -119,6 +122,8 @@ def convert_with(data: Path, out: Path, block_size: int, how: str, workers: int,
 
     import to_mds
     from pilegpt.data import check_token_range, mds_columns, read_windows, window_starts
+    from pilegpt.mds_publish import fsync_tree
+    from pilegpt.mds_write import chunks
 
     tokens = np.memmap(data / "train.bin", dtype=np.uint16, mode="r")
     settings = dict(columns=mds_columns("uint16", block_size), compression=to_mds.DEFAULT_COMPRESSION,
@@ -129,13 +134,13 @@ def convert_with(data: Path, out: Path, block_size: int, how: str, workers: int,
     else:
         starts = window_starts(len(tokens), block_size)
         writer = MDSWriter(out=str(out), **settings)
-        for part in to_mds.chunks(starts, block_size):
+        for part in chunks(starts, block_size):
             x, y = read_windows(tokens, part, block_size)
             check_token_range(x, y, part, data / "train.bin", VOCAB)
             for k in range(len(part)):
                 writer.write({"x": x[k], "y": y[k]})
         writer.finish()
-    to_mds.fsync_tree(out)
+    fsync_tree(out)
     return time.perf_counter() - t0
 
 
@@ -165,10 +170,6 @@ def plain_copy(src: Path, dst: Path) -> float:
     return time.perf_counter() - t0
 
 
-def folder_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-
-
 def convert(data: Path, out: Path, block_size: int, extra=()) -> float:
     import to_mds
 
@@ -183,9 +184,10 @@ def read_streaming(mds: Path, cache: Path, order: np.ndarray | None, batch_size:
     batch_size matters when iterating: Streaming prefetches predownload = 8 * batch_size samples ahead.
     """
     from streaming import StreamingDataset
-    from streaming.base.util import clean_stale_shared_memory
 
-    clean_stale_shared_memory()
+    from pilegpt import compat
+
+    compat.clean_stale_shared_memory()
     ds = StreamingDataset(remote=str(mds), local=str(cache), shuffle=False, batch_size=batch_size)
     for _ in ds:  # warm-up epoch: copies and decompresses the shards into the cache
         pass

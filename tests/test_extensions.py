@@ -16,18 +16,18 @@ import numpy as np
 import pytest
 import torch
 from composer.core import Callback
-from test_train import SMALL, checkpoint_state, run, tokenize, write_bin
 
 import train
 from conftest import REPO, SHAKESPEARE
-from pilegpt import extensions
+from helpers import SMALL, checkpoint_state, run, tokenize, write_bin
+from pilegpt import extensions, train_config
 from pilegpt.common import UserError
 
 DATA = ["--data_dir=data/x"]  # load_config does not open it
 
 
 def config(*args: str):
-    return train.load_config([*DATA, *args])
+    return train_config.load_config([*DATA, *args])
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -201,11 +201,11 @@ def test_the_export_holds_the_ema_weights_even_without_a_checkpoint_at_the_end(o
     from composer.algorithms import EMA
 
     from pilegpt.callbacks import ExportModel
-    from pilegpt.checkpoint import load_export
+    from pilegpt.checkpoint import load_model_file
 
     ema = EMA(half_life="2ba")
     state = fit([ema], [ExportModel("100ba", str(tmp_path), None)])
-    exported = load_export(tmp_path / "model.pt").state_dict()
+    exported = load_model_file(tmp_path / "model.pt").state_dict()
     assert ema.ema_weights_active  # the model holds the EMA weights, EMA's state the training weights
     training = ema.ema_model.named_parameters_dict
     name = "transformer.h.0.mlp.c_fc.weight"
@@ -262,10 +262,10 @@ def ema_runs(tmp_path_factory):
 
 @pytest.mark.slow
 def test_ema_changes_the_exported_weights_and_nothing_else(ema_runs):
-    from pilegpt.checkpoint import load_export
+    from pilegpt.checkpoint import load_model_file
 
-    plain = load_export(ema_runs / "plain" / "model.pt").state_dict()
-    ema = load_export(ema_runs / "ema" / "model.pt").state_dict()
+    plain = load_model_file(ema_runs / "plain" / "model.pt").state_dict()
+    ema = load_model_file(ema_runs / "ema" / "model.pt").state_dict()
     name = "transformer.h.1.attn.c_attn.weight"
     assert not torch.allclose(ema[name], plain[name], atol=1e-6)  # EMA changes what is exported...
     state = checkpoint_state(ema_runs / "ema" / "ep0-ba6-rank0.pt")

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_train import SMALL, checkpoint_state, losses_by_batch
 
 from conftest import REPO, start_s3_server, stop
+from helpers import SMALL, checkpoint_state, losses_by_batch
 from pilegpt.data import write_token_files
 
 pytestmark = pytest.mark.slow

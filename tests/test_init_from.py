@@ -19,7 +19,7 @@ import sample
 import train
 from conftest import REPO, SHAKESPEARE
 from model import GPTConfig
-from pilegpt import checkpoint
+from pilegpt import checkpoint, hf
 from pilegpt.common import UserError
 from pilegpt.data import write_token_files
 from pilegpt.tokenizer import gpt2
@@ -89,7 +89,7 @@ def hf_model(folder):
 
 @pytest.mark.slow
 def test_hf_folder_gives_the_logits_of_transformers(hf_folder):
-    gpt, origin = checkpoint.load_pretrained(str(hf_folder))
+    gpt, origin = hf.load_pretrained(str(hf_folder))
     assert origin == f"the Hugging Face GPT-2 folder {hf_folder}"
     assert gpt.config == GPTConfig(block_size=64, vocab_size=50257, n_layer=2, n_head=2, n_embd=32, bias=True)
     idx = torch.randint(0, 50257, (2, 64), generator=torch.Generator().manual_seed(1))
@@ -161,7 +161,7 @@ def test_unsupported_hf_settings_are_named(hf_folder, tmp_path):
     folder = tmp_path / "erf-gelu"
     GPT2LMHeadModel(GPT2Config(**HF_SHAPE, activation_function="gelu")).save_pretrained(folder)
     with pytest.raises(UserError, match="activation_function='gelu' is not a GPT-2 that model.py implements"):
-        checkpoint.load_pretrained(str(folder))
+        hf.load_pretrained(str(folder))
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -28,7 +28,8 @@ import numpy as np
 import pytest
 
 from conftest import REPO, SHAKESPEARE
-from pilegpt.data import mds_cache_dir
+from pilegpt import train_config
+from pilegpt.loaders import mds_cache_dir
 from pilegpt.tokenizer import gpt2
 
 mcli = pytest.importorskip("mcli", reason="mosaicml-cli is a dev requirement (pip install -r requirements-dev.txt)")
@@ -247,7 +248,6 @@ def test_every_variable_in_a_command_is_set(path):
 
 @pytest.mark.parametrize("path", [TRAIN_YAML, MULTINODE_YAML], ids=lambda p: p.name)
 def test_training_yaml_sets_what_config_pile_reads(path, monkeypatch):
-    import train
 
     _, final, _ = mcli_config(path)
     env = final.env_variables
@@ -261,13 +261,13 @@ def test_training_yaml_sets_what_config_pile_reads(path, monkeypatch):
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("WORLD_SIZE", str(final.compute["gpus"]))
     argv = [str(REPO / "config" / "pile.py"), *command_args_after(final.command, TRAIN_COMMAND)]
-    cfg = train.load_config(argv)
+    cfg = train_config.load_config(argv)
     assert (cfg.data_remote, cfg.save_folder, cfg.data_local) == (env["DATA_REMOTE"], env["CHECKPOINT_FOLDER"],
                                                                  env["DATA_LOCAL"])
     assert cfg.autoresume and cfg.global_batch_size == 480
     # MCLI names each submission anew (name-a1b2c3): the checkpoints' folder must not depend on RUN_NAME.
     monkeypatch.setenv("RUN_NAME", "another-name-d4e5f6")
-    again = train.load_config(argv)
+    again = train_config.load_config(argv)
     assert again.run_name == "another-name-d4e5f6" and again.save_folder == cfg.save_folder
     per_gpu = cfg.global_batch_size // final.compute["gpus"]
     assert per_gpu % cfg.device_train_microbatch_size == 0
@@ -286,12 +286,11 @@ def test_multinode_yaml_differs_from_one_node_only_where_documented():
 
 
 def test_prepare_yaml_block_size_is_the_training_block_size():
-    import train
 
     _, final, _ = mcli_config(PREPARE_YAML)
     args = command_args_after(final.command, "python to_mds.py")
     block = int(args[args.index("--block-size") + 1])
-    cfg = train.load_config([str(REPO / "config" / "pile.py")])
+    cfg = train_config.load_config([str(REPO / "config" / "pile.py")])
     assert block == cfg.block_size == 1024
 
 

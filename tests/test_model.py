@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig
-from pilegpt.checkpoint import EXPORT_FORMAT, load_export, save_export
+from pilegpt.checkpoint import EXPORT_FORMAT, load_model, load_model_file, save_export
+from pilegpt.common import UserError
 
 TINY = dict(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32, dropout=0.0)
 
@@ -185,7 +186,7 @@ def test_export_round_trip(tmp_path):
     path = tmp_path / "model.pt"
     save_export(model, path)
     assert [p.name for p in tmp_path.iterdir()] == ["model.pt"]  # no temporary file left behind
-    loaded = load_export(path)
+    loaded = load_model_file(path)
     assert loaded.config == model.config and not loaded.training
     assert loaded.transformer.wte.weight is loaded.lm_head.weight
     idx = torch.randint(0, 64, (2, 8))
@@ -215,28 +216,28 @@ class Exploit:
         return (os.system, (f"touch {self.marker}",))
 
 
-def test_load_export_refuses_pickled_code(tmp_path):
+def test_loading_an_export_refuses_pickled_code(tmp_path):
     marker = tmp_path / "pwned"
     path = tmp_path / "model.pt"
     torch.save({"format": EXPORT_FORMAT, "model_args": {}, "model": Exploit(marker)}, path)
-    with pytest.raises(ValueError, match="not a weights-only model export"):
-        load_export(path)
+    with pytest.raises(UserError, match="not a model export or Composer checkpoint that can be read safely"):
+        load_model_file(path)
     assert not marker.exists()
     plain = tmp_path / "plain.pkl"
     plain.write_bytes(pickle.dumps(Exploit(marker)))
-    with pytest.raises(ValueError):
-        load_export(plain)
+    with pytest.raises(UserError):
+        load_model_file(plain)
     assert not marker.exists()
 
 
 def test_load_export_errors_name_the_file(tmp_path):
-    with pytest.raises(FileNotFoundError, match="missing.pt"):
-        load_export(tmp_path / "missing.pt")
+    with pytest.raises(UserError, match="missing.pt not found"):
+        load_model(str(tmp_path / "missing.pt"))
     other = tmp_path / "other.pt"
     torch.save({"weights": torch.zeros(2)}, other)
-    with pytest.raises(ValueError, match="other.pt"):
-        load_export(other)
+    with pytest.raises(UserError, match="other.pt"):
+        load_model_file(other)
     bad_args = tmp_path / "bad_args.pt"
     torch.save({"format": EXPORT_FORMAT, "model_args": {**TINY, "n_layers": 3}, "model": {}}, bad_args)
-    with pytest.raises(ValueError, match="n_layers"):
-        load_export(bad_args)
+    with pytest.raises(UserError, match="n_layers"):
+        load_model_file(bad_args)

@@ -3,7 +3,7 @@
 The .bin fixtures are written with data.write_token_files, the contract prepare_data.py writes through
 (tiny Shakespeare tokenized with the repo's GPT-2 BPE, or synthetic tokens), so these tests do not depend
 on prepare_data.py. Every StreamingDataset gets a fresh `local` folder: Streaming names its shared memory
-after that folder. S3 uploads are watched through botocore's event hooks on the client storage.make_client
+after that folder. S3 uploads are watched through botocore's event hooks on the client s3.make_client
 returns: every S3 request of to_mds goes through it.
 """
 
@@ -19,37 +19,17 @@ import numpy as np
 import pytest
 
 import to_mds
-from conftest import SHAKESPEARE
-from pilegpt import storage
+from helpers import write_bin
+from pilegpt import compat, s3
 from pilegpt.common import run_main
-from pilegpt.data import Meta, write_token_files
+from pilegpt.data import Meta
+from pilegpt.mds_write import folder_bytes
 
 REPO = Path(__file__).resolve().parents[1]
 T = 64  # block size of most tests: small, so the tiny data still makes thousands of samples
 
 
 # ------------------------------------------------------------------------------------------------ fixtures
-
-
-def write_bin(folder: Path, splits: dict, meta: bool = True, dtype: str = "uint16", vocab: int = 50257) -> Path:
-    """Write split.bin files and their meta.json into `folder` (data.write_token_files); meta=False: a bare .bin."""
-    if meta:
-        write_token_files(folder, splits, vocab_size=vocab, dtype=dtype, sources=["test"])
-        return folder
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, tokens in splits.items():
-        np.asarray(tokens, dtype=dtype).tofile(folder / f"{name}.bin")
-    return folder
-
-
-@pytest.fixture(scope="session")
-def shakespeare_tokens() -> np.ndarray:
-    """Tiny Shakespeare as GPT-2 tokens (338k), one document ending in <|endoftext|>."""
-    from pilegpt.tokenizer import gpt2
-
-    enc = gpt2()
-    text = SHAKESPEARE.read_text()
-    return np.array(enc.encode_ordinary(text) + [enc.eot_token], dtype=np.uint16)
 
 
 @pytest.fixture(scope="session")
@@ -61,15 +41,10 @@ def small_tokens(shakespeare_tokens) -> dict:
 def read_mds(source: str, local: Path) -> list[dict]:
     """Every sample of an MDS dataset, in order, read with StreamingDataset into a fresh cache."""
     from streaming import StreamingDataset
-    from streaming.base.util import clean_stale_shared_memory
 
-    clean_stale_shared_memory()
+    compat.clean_stale_shared_memory()
     ds = StreamingDataset(remote=source, local=str(local), shuffle=False, batch_size=1)
     return [dict(s) for s in ds]
-
-
-def folder_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 def run_cli(argv, capsys) -> tuple[int, str]:
@@ -86,11 +61,11 @@ def leftovers(parent: Path) -> list[str]:
 def watch_puts(monkeypatch, before=None) -> list[tuple[str, str]]:
     """Record ('start' | 'done', key) of every PutObject to_mds makes, in order; before(key) runs at each start.
 
-    Wraps storage.make_client, the one factory of S3 clients, with botocore event hooks."""
+    Wraps s3.make_client, the one factory of S3 clients, with botocore event hooks."""
     events, lock = [], threading.Lock()
-    real_make_client = storage.make_client
+    real_make_client = s3.make_client
 
-    def make_client(endpoint_url=None, workers=storage.DEFAULT_WORKERS):
+    def make_client(endpoint_url=None, workers=s3.DEFAULT_WORKERS):
         client = real_make_client(endpoint_url, workers)
 
         def started(params, context, **kwargs):
@@ -108,7 +83,7 @@ def watch_puts(monkeypatch, before=None) -> list[tuple[str, str]]:
         client.meta.events.register("after-call.s3.PutObject", done)
         return client
 
-    monkeypatch.setattr(storage, "make_client", make_client)
+    monkeypatch.setattr(s3, "make_client", make_client)
     return events
 
 

@@ -21,48 +21,26 @@ import pytest
 import torch
 
 import train
-from conftest import REPO, SHAKESPEARE
+from helpers import (
+    REPO,
+    SMALL,
+    checkpoint_state,
+    losses_by_batch,
+    read_jsonl,
+    run,
+    write_bin,
+    write_mds,
+)
 from pilegpt.common import UserError
-from pilegpt.data import BinDataset, collate_mds, resumable_sampler, write_token_files
-from pilegpt.tokenizer import gpt2
+from pilegpt.loaders import BinDataset, collate_mds, resumable_sampler
 
 GOLDEN = REPO / "tests" / "golden" / "tiny_losses.json"
 GOLDEN_TOKENS = 40_000  # of tiny Shakespeare, 90% train / 10% val
-# A model small enough that a few batches take well under a second on a busy 2-core CPU.
-SMALL = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--global_batch_size=4",
-         "--device_train_microbatch_size=4", "--sample_length=8", "--warmup=2ba", "--learning_rate=3e-3"]
-
-
-def tokenize(text: str) -> list[int]:
-    return gpt2().encode_ordinary(text) + [50256]
-
-
-@pytest.fixture(scope="session")
-def shakespeare_tokens() -> np.ndarray:
-    return np.array(tokenize(SHAKESPEARE.read_text()), dtype=np.uint16)
-
-
-def write_bin(folder: Path, tokens: np.ndarray, val_fraction: float = 0.1) -> Path:
-    """A prepare_data-style folder (train.bin, val.bin, meta.json) of these tokens, the last val_fraction as val."""
-    n_val = int(len(tokens) * val_fraction)
-    splits = {"train": tokens[:len(tokens) - n_val], "val": tokens[len(tokens) - n_val:]}
-    write_token_files(folder, {name: part for name, part in splits.items() if len(part)})
-    return folder
 
 
 def batch_log(folder: Path) -> str:
     """The train.py argument that makes each rank log its batches' sample hashes into folder (tests/batch_log.py)."""
     return f"--callbacks={{'batch_log:BatchFingerprints': {{'folder': {str(folder)!r}}}}}"
-
-
-def write_mds(out: Path, tokens: np.ndarray, block_size: int, max_samples: int) -> None:
-    """MDS with columns x, y (y = x shifted by one), as to_mds.py writes them."""
-    from streaming import MDSWriter
-    n = min(max_samples, (len(tokens) - 1) // block_size)
-    with MDSWriter(out=str(out), columns={"x": "ndarray:uint16", "y": "ndarray:uint16"}, size_limit=1 << 16) as w:
-        for i in range(n):
-            window = tokens[i * block_size: i * block_size + block_size + 1]
-            w.write({"x": window[:-1].copy(), "y": window[1:].copy()})
 
 
 @pytest.fixture(scope="session")
@@ -78,32 +56,8 @@ def mds_dir(tmp_path_factory, shakespeare_tokens) -> Path:
     return root
 
 
-def run(args: list[str], cwd: Path, nproc: int = 0, timeout: int = 300) -> str:
-    """Run train.py in a subprocess: with the real `composer -n NPROC` launcher, or plain python (nproc=0)."""
-    launcher = [sys.executable, "-m", "composer.cli.launcher", "-n", str(nproc)] if nproc else [sys.executable]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO / "tests")}  # for batch_log.py
-    proc = subprocess.run([*launcher, str(REPO / "train.py"), *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-6000:]
-    return out
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def losses_by_batch(run_dir: Path) -> dict[int, float]:
-    return {r["batch"]: r["loss"] for r in read_jsonl(run_dir / "metrics.jsonl") if "loss" in r}
-
-
 def fingerprints(run_dir: Path, rank: int = 0) -> dict[int, list[str]]:
     return {r["batch"]: r["rows"] for r in read_jsonl(run_dir / f"batches-rank{rank}.jsonl")}
-
-
-def checkpoint_state(path: Path) -> dict:
-    # A Composer checkpoint holds more than tensors: load it fully (a file this test wrote itself).
-    return torch.load(path, map_location="cpu", weights_only=False)["state"]
 
 
 def simulate_crash_after(run_dir: Path, keep_batch: int) -> None:
@@ -214,8 +168,8 @@ def test_bin_training_with_composer_checkpoints_exports_and_resumes_at_the_same_
     saved = json.loads((run_dir / "config.json").read_text())
     assert saved["config"]["max_duration"] == "6ba" and saved["world_size"] == 1
     assert checkpoint_state(run_dir / "ep0-ba3-rank0.pt")["timestamp"]["Timestamp"]["token"] == 3 * 4 * 32
-    from pilegpt.checkpoint import load_export
-    exported = load_export(run_dir / "model.pt")
+    from pilegpt.checkpoint import load_model_file
+    exported = load_model_file(run_dir / "model.pt")
     assert exported.config.n_embd == 32
 
     simulate_crash_after(run_dir, keep_batch=3)

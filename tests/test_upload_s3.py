@@ -1,9 +1,9 @@
-"""Tests for upload_s3.py and the storage.py it runs on, against a real S3 server (`rclone serve s3` on loopback,
+"""Tests for upload_s3.py and the mds_upload.py it runs on, against a real S3 server (`rclone serve s3` on loopback,
 see conftest.py).
 
 The datasets are real MDS datasets written with streaming.MDSWriter, shaped like to_mds.py's output: columns x and y,
 each BLOCK tokens of uint16, y = x shifted by one. S3 requests are watched through botocore's event hooks on the
-client storage.make_client returns: every S3 request goes through it.
+client s3.make_client returns: every S3 request goes through it.
 """
 
 import json
@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 import upload_s3
-from conftest import REPO, free_port
-from pilegpt import storage
+from helpers import REPO, free_port
+from pilegpt import compat, mds_upload, s3
 from pilegpt.common import UserError
 
 BLOCK = 64  # tokens per sample in the small dataset
@@ -93,9 +93,9 @@ def upload(capsys, *args: str) -> tuple[int, int, str]:
 def record_requests(monkeypatch) -> list[tuple[str, str, str]]:
     """Record ('start'|'done', operation, key) for every S3 call upload_s3 makes, in order."""
     calls = []
-    real_make_client = storage.make_client
+    real_make_client = s3.make_client
 
-    def make_client(endpoint_url=None, workers=storage.DEFAULT_WORKERS):
+    def make_client(endpoint_url=None, workers=s3.DEFAULT_WORKERS):
         client = real_make_client(endpoint_url, workers)
 
         def before(params, model, context, **kwargs):
@@ -109,7 +109,7 @@ def record_requests(monkeypatch) -> list[tuple[str, str, str]]:
         client.meta.events.register("after-call.s3", after)
         return client
 
-    monkeypatch.setattr(storage, "make_client", make_client)
+    monkeypatch.setattr(s3, "make_client", make_client)
     return calls
 
 
@@ -206,12 +206,11 @@ def test_killed_upload_resumes_to_a_complete_dataset(s3_env, big_mds, tmp_path, 
 @pytest.mark.s3
 def test_streaming_reads_back_every_token(s3_env, small_mds, tmp_path, capsys):
     from streaming import StreamingDataset
-    from streaming.base.util import clean_stale_shared_memory
 
     root, tokens = small_mds
     prefix = unique_prefix("stream")
     upload(capsys, root, f"s3://{s3_env.bucket}/{prefix}")
-    clean_stale_shared_memory()
+    compat.clean_stale_shared_memory()
     for split in ("train", "val"):
         dataset = StreamingDataset(remote=f"s3://{s3_env.bucket}/{prefix}/{split}", local=str(tmp_path / split),
                                    shuffle=False, batch_size=1)
@@ -234,10 +233,10 @@ def test_verify_reports_a_damaged_object_and_a_rerun_repairs_it(s3_env, small_md
     victim = s3_env.root / s3_env.bucket / prefix / "val" / "shard.00000.mds"
     victim.write_bytes(victim.read_bytes()[:-10])  # damaged behind the uploader's back
 
-    files = storage.collect_files(root).files
-    target = storage.S3Dir(f"s3://{s3_env.bucket}/{prefix}", s3_env.client())
+    files = mds_upload.collect_files(root).files
+    target = s3.S3Dir(f"s3://{s3_env.bucket}/{prefix}", s3_env.client())
     with pytest.raises(UserError, match=r"verification failed for 1 of .*val/shard.00000.mds is \d+ bytes"):
-        storage.verify(target, files, storage.Result())
+        mds_upload.verify(target, files, mds_upload.Result())
     uploaded, _, _ = upload(capsys, root, f"s3://{s3_env.bucket}/{prefix}")
     assert uploaded == 2  # the shard, and val/index.json after it
     assert server_files(s3_env, prefix) == local_files(root)
@@ -262,14 +261,13 @@ def test_folder_without_index_is_refused_unless_any_folder(s3_env, tmp_path, cap
 @pytest.mark.s3
 def test_only_what_index_json_lists_goes_up_not_the_copies_a_reader_decompressed(s3_env, tmp_path, capsys):
     from streaming import StreamingDataset
-    from streaming.base.util import clean_stale_shared_memory
 
     root = tmp_path / "mds"
     write_mds(root / "train", 600, BLOCK, 1 << 15, seed=6, compression="zstd")
     write_mds(root / "val", 100, BLOCK, 1 << 15, seed=7, compression="zstd")
     (root / "train" / "to_mds.json").write_text(json.dumps({"block_size": BLOCK}))
     as_written = local_files(root)  # index.json, shard.NNNNN.mds.zstd, to_mds.json
-    clean_stale_shared_memory()
+    compat.clean_stale_shared_memory()
     dataset = StreamingDataset(local=str(root / "train"), shuffle=False, batch_size=1)
     assert sum(1 for _ in dataset) == 600  # read in place: Streaming decompresses every shard beside its .zstd
     copies = sorted(set(local_files(root)) - set(as_written))
@@ -290,16 +288,17 @@ def test_dataset_with_a_missing_shard_is_refused(small_mds, tmp_path):
     root = tmp_path / "mds"
     shutil.copytree(small_mds[0], root)
     (root / "train" / "shard.00002.mds").unlink()
-    with pytest.raises(UserError, match=r"lists shard 'train/shard.00002.mds', which is missing"):
+    with pytest.raises(UserError, match=r"train/shard.00002.mds is missing, though \S*train/index.json lists it: "
+                                       r"the dataset is incomplete"):
         upload_s3.main([str(root), "s3://bucket/x"])
 
 
 def test_compressed_dataset_needs_its_compressed_shards(tmp_path):
     write_mds(tmp_path / "z", 300, BLOCK, 1 << 15, seed=4, compression="zstd:1")
-    assert len(storage.collect_files(tmp_path / "z").files) > 2  # index + .zstd shards: accepted
+    assert len(mds_upload.collect_files(tmp_path / "z").files) > 2  # index + .zstd shards: accepted
     next((tmp_path / "z").glob("*.zstd")).unlink()
-    with pytest.raises(UserError, match=r"lists shard 'shard.0000\d.mds.zstd', which is missing"):
-        storage.collect_files(tmp_path / "z")
+    with pytest.raises(UserError, match=r"/shard.0000\d.mds.zstd is missing, though \S*/index.json lists it"):
+        mds_upload.collect_files(tmp_path / "z")
 
 
 def test_stray_files_beside_datasets_are_refused(small_mds, tmp_path):
@@ -308,50 +307,50 @@ def test_stray_files_beside_datasets_are_refused(small_mds, tmp_path):
     (root / "logs").mkdir()
     (root / "logs" / "run.log").write_text("x")
     with pytest.raises(UserError, match=r"run.log is not part of an MDS dataset"):
-        storage.collect_files(root)
+        mds_upload.collect_files(root)
 
 
 @pytest.mark.parametrize("url", ["my-bucket/x", "s3:///x", "gs://b/x"])
 def test_remote_must_be_an_s3_url(url):
     with pytest.raises(UserError, match="s3://bucket/prefix"):
-        storage.parse_s3_url(url)
+        s3.parse_s3_url(url)
 
 
 def test_s3_url_prefix_is_normalised():
-    assert storage.parse_s3_url("s3://b/some/prefix/") == ("b", "some/prefix")
-    assert storage.parse_s3_url("s3://b") == ("b", "")
-    assert storage.S3Dir("s3://b").key("train/index.json") == "train/index.json"  # no client needed for that
+    assert s3.parse_s3_url("s3://b/some/prefix/") == ("b", "some/prefix")
+    assert s3.parse_s3_url("s3://b") == ("b", "")
+    assert s3.S3Dir("s3://b").key("train/index.json") == "train/index.json"  # no client needed for that
 
 
-# --- storage.S3Dir: a prefix as a folder -----------------------------------------------------------------------
+# --- s3.S3Dir: a prefix as a folder -----------------------------------------------------------------------
 
 
 def test_endpoint_comes_from_the_flag_then_aws_endpoint_url_then_s3_endpoint_url(monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://aws:1")
     monkeypatch.setenv("S3_ENDPOINT_URL", "http://s3:2")
-    assert storage.endpoint_url("http://flag:3") == "http://flag:3"
-    assert storage.endpoint_url() == "http://aws:1"
+    assert s3.endpoint_url("http://flag:3") == "http://flag:3"
+    assert s3.endpoint_url() == "http://aws:1"
     monkeypatch.delenv("AWS_ENDPOINT_URL")
-    assert storage.endpoint_url() == "http://s3:2"
+    assert s3.endpoint_url() == "http://s3:2"
     monkeypatch.delenv("S3_ENDPOINT_URL")
-    assert storage.endpoint_url() is None
+    assert s3.endpoint_url() is None
 
 
 @pytest.mark.s3
 def test_s3dir_reads_lists_copies_downloads_and_deletes_objects(s3_env, small_mds, tmp_path, capsys):
     prefix = unique_prefix("dir")
     upload(capsys, small_mds[0], f"s3://{s3_env.bucket}/{prefix}")
-    root = storage.S3Dir(f"s3://{s3_env.bucket}/{prefix}/")  # a client from make_client, endpoint from the env
+    root = s3.S3Dir(f"s3://{s3_env.bucket}/{prefix}/")  # a client from make_client, endpoint from the env
     train = root.child("train")
     assert root.url == f"s3://{s3_env.bucket}/{prefix}" and train.key("index.json") == f"{prefix}/train/index.json"
     assert train.exists("index.json") and not train.exists("no-such-file")
     assert json.loads(train.read("index.json")) == json.loads((small_mds[0] / "train" / "index.json").read_text())
     assert root.names() == sorted(local_files(small_mds[0]))  # relative names, subfolders included
 
-    copy = storage.S3Dir(f"s3://{s3_env.bucket}/{unique_prefix('copy')}", root.client)
+    copy = s3.S3Dir(f"s3://{s3_env.bucket}/{unique_prefix('copy')}", root.client)
     copy.copy_from(train, "index.json")
     assert copy.names() == ["index.json"] and copy.read("index.json") == train.read("index.json")
-    assert copy.stored_md5("index.json") == storage.b64(storage.file_md5(small_mds[0] / "train" / "index.json"))
+    assert copy.stored_md5("index.json") == mds_upload.b64(mds_upload.file_md5(small_mds[0] / "train" / "index.json"))
 
     train.download("shard.00001.mds", tmp_path / "got" / "shard.mds")  # the folder is made when missing
     assert (tmp_path / "got" / "shard.mds").read_bytes() == (small_mds[0] / "train" / "shard.00001.mds").read_bytes()
@@ -365,17 +364,17 @@ def test_s3dir_reads_lists_copies_downloads_and_deletes_objects(s3_env, small_md
 
 @pytest.mark.s3
 def test_s3dir_faults_are_one_line_user_errors(s3_env, monkeypatch):
-    folder = storage.S3Dir(f"s3://{s3_env.bucket}/x")
+    folder = s3.S3Dir(f"s3://{s3_env.bucket}/x")
     with pytest.raises(UserError, match=r"bucket 'no-such-bucket' does not exist at http://127.0.0.1:\d+"):
-        storage.S3Dir("s3://no-such-bucket/x").check()
+        s3.S3Dir("s3://no-such-bucket/x").check()
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_NOT_TO_LEAK)
     for call in (lambda d: d.exists("a"), lambda d: d.read("a"), lambda d: d.names(), lambda d: d.delete(["a"])):
         # a HEAD response has no body to name the cause: a bad signature reads as access denied there
         with pytest.raises(UserError, match=r"^(wrong credentials: .*check AWS_SECRET_ACCESS_KEY|access denied)") as e:
-            call(storage.S3Dir(folder.url))  # a new client: credentials are read when it is made
+            call(s3.S3Dir(folder.url))  # a new client: credentials are read when it is made
         assert "\n" not in str(e.value) and SECRET_NOT_TO_LEAK not in str(e.value)
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
-    closed = storage.S3Dir(folder.url, storage.make_client(f"http://127.0.0.1:{free_port()}"))
+    closed = s3.S3Dir(folder.url, s3.make_client(f"http://127.0.0.1:{free_port()}"))
     with pytest.raises(UserError, match=r"cannot reach the S3 endpoint http://127.0.0.1:\d+ after 2 attempts"):
         closed.exists("a")
 
@@ -413,14 +412,14 @@ def test_missing_bucket_is_named(s3_env, small_mds):
 def test_unreachable_endpoint_stops_after_bounded_retries(s3_env, small_mds, monkeypatch):
     calls = record_requests(monkeypatch)
     attempts = []
-    real_make_client = storage.make_client
+    real_make_client = s3.make_client  # record_requests' recording one
 
-    def counting_make_client(endpoint_url=None, workers=storage.DEFAULT_WORKERS):
+    def counting_make_client(endpoint_url=None, workers=s3.DEFAULT_WORKERS):
         client = real_make_client(endpoint_url, workers)
         client.meta.events.register("before-send.s3", lambda **kwargs: attempts.append(1))
         return client
 
-    monkeypatch.setattr(storage, "make_client", counting_make_client)
+    monkeypatch.setattr(s3, "make_client", counting_make_client)
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "3")
     closed = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(UserError, match=rf"cannot reach the S3 endpoint {closed} after 3 attempts"):
@@ -469,7 +468,7 @@ def client_error(code: str, status: int, op: str = "ListObjectsV2"):
     ("SlowDown", 503, "PutObject", r"^the store at http://e kept failing PutObject .* after 5 attempts"),
 ])
 def test_store_errors_name_the_cause_and_the_fix(code, status, op, expected):
-    text = storage.describe_client_error(client_error(code, status, op), "b", "s3://b/p", " at http://e", 5,
+    text = s3.describe_client_error(client_error(code, status, op), "b", "s3://b/p", " at http://e", 5,
                                            "****ABCD")
     assert re.search(expected, text), text
     assert "\n" not in text
@@ -503,8 +502,8 @@ def test_multipart_objects_compare_by_stored_md5(tmp_path, capsys, monkeypatch):
         uploaded, skipped, line = upload(capsys, *args)
         assert (uploaded, skipped) == (1, 0) and "(1 by MD5" in line
         head = client.head_object(Bucket="aws-like", Key="p/big.bin")
-        assert head["ETag"].endswith('-2"') and head["Metadata"] == {"md5chksum": storage.b64(
-            storage.file_md5(folder / "big.bin"))}
+        assert head["ETag"].endswith('-2"') and head["Metadata"] == {"md5chksum": mds_upload.b64(
+            mds_upload.file_md5(folder / "big.bin"))}
 
         uploaded, skipped, line = upload(capsys, *args)
         assert (uploaded, skipped) == (0, 1) and "(1 by MD5" in line
@@ -519,7 +518,7 @@ def test_env_example_holds_only_placeholders():
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "S3_ENDPOINT_URL", "DATA_REMOTE"):
         assert f"# {name}=" in text  # documented, commented out
     uncommented = dotenv_values(stream=__import__("io").StringIO(text.replace("# DATA_REMOTE=", "DATA_REMOTE=")))
-    storage.parse_s3_url(uncommented["DATA_REMOTE"])
+    s3.parse_s3_url(uncommented["DATA_REMOTE"])
 
 
 @pytest.mark.s3

@@ -1,0 +1,97 @@
+"""Every use of a library's private parts, in one place: Composer 0.32.1 and mosaicml-streaming 0.13.0.
+
+Each entry says which version it was written against and why the public API does not serve.
+tests/test_compat.py fails when an upgrade moves or changes one of them: start there after bumping a pin.
+Composer and Streaming are imported inside the functions (both are slow to import, and --help, to_mds's flag
+checks and the .bin training path must not pay for what they do not use).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+# ----------------------------------------------------------------------------------------------------------
+# Composer 0.32.1
+
+
+@contextlib.contextmanager
+def checkpoint_saver_uploads_through(uploader: Any) -> Iterator[None]:
+    """Inside, Composer's CheckpointSaver (built by the Trainer for a remote save_folder) takes `uploader` instead
+    of Composer's process-based RemoteUploader.
+
+    Private: composer.callbacks.checkpoint_saver looks the class up by the module-level name `RemoteUploader`
+    when the saver is built; the Trainer has no argument for the uploader (uploads.py says why ours is needed).
+    """
+    from composer.callbacks import checkpoint_saver
+
+    original = checkpoint_saver.RemoteUploader
+    checkpoint_saver.RemoteUploader = lambda *args, **kwargs: uploader
+    try:
+        yield
+    finally:
+        checkpoint_saver.RemoteUploader = original
+
+
+def activate_ema_weights(algorithm: Any, state: Any) -> None:
+    """Swap EMA's averaged weights into the model, as Composer's EMA does itself before a checkpoint.
+
+    Private: EMA._ensure_ema_weights_active; EMA has no public method to do it outside a checkpoint event, and an
+    export at the end of a run stopped early (early_stopper) has no checkpoint event.
+    """
+    algorithm._ensure_ema_weights_active(state)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# mosaicml-streaming 0.13.0
+
+
+def clean_stale_shared_memory() -> None:
+    """Remove the shared memory a crashed StreamingDataset left (a stale block breaks the next run).
+
+    Not exported by `streaming`: it lives in streaming.base.util."""
+    from streaming.base.util import clean_stale_shared_memory as clean
+
+    clean()
+
+
+def mds_writer_checks() -> tuple[Any, Any, Any, Any]:
+    """(get_compressions, is_compression, is_hash, bytes_to_int): how MDSWriter validates its settings, to check
+    to_mds's flags before any work. Not exported by `streaming`: streaming.base.{compression,hashing,util}."""
+    from streaming.base.compression import get_compressions, is_compression
+    from streaming.base.hashing import is_hash
+    from streaming.base.util import bytes_to_int
+
+    return get_compressions, is_compression, is_hash, bytes_to_int
+
+
+def mds_samples_per_shard(writer: Any, sample_bytes: int, size_limit: int) -> int:
+    """Samples of `sample_bytes` encoded bytes that one MDSWriter shard holds under `size_limit`.
+
+    MDSWriter starts a new shard when the next sample would take the current one past size_limit, counting its
+    bookkeeping bytes (`extra_bytes_per_shard`, `extra_bytes_per_sample`: attributes, not documented API). With
+    samples of one size every shard but the last holds this many; mds_write.py writes the shards in parallel and
+    must cut them exactly where one writer would. 0 when one sample does not fit.
+    """
+    return max(0, (size_limit - writer.extra_bytes_per_shard) // (sample_bytes + writer.extra_bytes_per_sample))
+
+
+def mds_extra_bytes(writer: Any) -> tuple[int, int]:
+    """(bytes per shard, bytes per sample) that MDSWriter adds to the encoded samples (see mds_samples_per_shard)."""
+    return writer.extra_bytes_per_shard, writer.extra_bytes_per_sample
+
+
+class KeepStreamingFailure:
+    """A mixin for streaming.StreamingDataset that keeps the first failure of its background download threads.
+
+    Private: StreamingDataset.on_exception (the done-callback of every background future) and `_event` (set to
+    stop the iterator). Streaming re-raises such a failure as "Background thread failed" with the cause only
+    logged; keeping it lets the reader name the cause (a checksum mismatch, a lost connection) in one line.
+    """
+
+    failure: BaseException | None = None
+
+    def on_exception(self, future) -> None:
+        if future.exception() is not None:
+            self.failure = self.failure or future.exception()
+            self._event.set()

@@ -1,0 +1,45 @@
+"""The StreamingDataset train.py reads MDS shards with, and what its failures mean: a failure in Streaming's
+download threads ends the run with one line naming its cause (a checksum mismatch, a lost connection), not
+"Background thread failed" (`describe_read_failure`).
+
+Its own module because it subclasses Streaming's class at import, and Streaming is slow to import: loaders.py
+imports this only when a run reads MDS.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from streaming import StreamingDataset
+
+from pilegpt.common import UserError
+from pilegpt.compat import KeepStreamingFailure
+from pilegpt.data import INDEX_NAME
+from pilegpt.s3 import lost_connection
+
+
+class CheckedStreamingDataset(KeepStreamingFailure, StreamingDataset):
+    """StreamingDataset that keeps the first failure of its background threads (compat.KeepStreamingFailure) and
+    raises it from __iter__ as a UserError."""
+
+    def __iter__(self):
+        try:
+            yield from super().__iter__()
+        except (RuntimeError, ValueError) as e:
+            where = ", ".join(s.remote or s.local for s in self.streams)
+            message = describe_read_failure(self.failure or e, where)
+            if message is None:
+                raise
+            raise UserError(message) from None
+
+
+def describe_read_failure(e: BaseException, where: str) -> Optional[str]:
+    """One line for a failure while reading MDS shards (checksum, lost connection), or None if unknown."""
+    text = str(e)
+    if isinstance(e, ValueError) and text.startswith("Checksum failure: "):
+        cached = text.partition(": ")[2]
+        Path(cached).unlink(missing_ok=True)  # a cache file: the next run downloads it again
+        return (f"shard {Path(cached).name} of {where} does not match the checksum in its {INDEX_NAME}: the dataset "
+                f"is damaged; rebuild it with to_mds.py --overwrite (or upload it again)")
+    return lost_connection(e, f"while reading {where}")

@@ -1,0 +1,106 @@
+"""What Composer's autoresume needs of a save_folder (local or s3://) before the Trainer reads it.
+
+    found = existing_checkpoints("runs/x")          # Composer checkpoint files already there
+    note = set_aside_broken_checkpoints("runs/x")    # after a crash: truncated files set aside, `latest` repaired
+
+Composer resumes from the checkpoint `latest-rank0.pt` (a symlink, or a `.symlink` object on S3) points at. A run
+killed while writing a checkpoint leaves a truncated file locally; a run stopped between a checkpoint's upload
+and its pointer's leaves the pointer stale on S3. Both are repaired here, on rank 0, before any rank reads.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+import zipfile
+from pathlib import Path
+from typing import Optional
+
+from pilegpt import storage
+from pilegpt.checkpoint import LATEST_CHECKPOINT
+
+CHECKPOINT_PATTERN = re.compile(r"^(ep\d+-ba\d+-rank\d+\.pt|latest-rank\d+\.pt(\.symlink)?)$")  # Composer's names
+CHECKPOINT_FILE = re.compile(r"ep\d+-ba(?P<batch>\d+)-rank(?P<rank>\d+)\.pt")  # one Composer checkpoint file
+
+
+def existing_checkpoints(save_folder: str) -> list[str]:
+    """Composer checkpoint files already in save_folder (local or s3://; other stores: none known)."""
+    if storage.is_remote(save_folder) and not storage.is_s3(save_folder):
+        return []
+    return [n for n in storage.folder(save_folder).names() if CHECKPOINT_PATTERN.match(n)]
+
+
+def set_aside_broken_checkpoints(save_folder: str) -> Optional[str]:
+    """Make a local save_folder safe for Composer's autoresume after a crash; returns a line saying what changed.
+
+    Composer writes checkpoints in place, so a kill during a write leaves a truncated file: autoresume then
+    either fails to read it (when latest-rank0.pt points at it) or refuses to overwrite it later. Checkpoint
+    files (newest first) are checked until one is whole (every zip record passes its CRC); those that are not
+    are renamed `<name>.broken-<time>` (set aside, never deleted), and latest-rank0.pt is pointed at the newest
+    whole one. Checkpoints on S3 are uploaded whole or not at all, but the `latest` pointer is uploaded after
+    its checkpoint: see point_latest_at_newest_s3.
+    """
+    if storage.is_s3(save_folder):
+        return point_latest_at_newest_s3(save_folder)
+    folder = Path(save_folder)
+    if storage.is_remote(save_folder) or not folder.is_dir():
+        return None
+    by_batch: dict[int, list[Path]] = {}
+    for p in folder.iterdir():
+        m = CHECKPOINT_FILE.fullmatch(p.name)
+        if m:
+            by_batch.setdefault(int(m["batch"]), []).append(p)
+    broken, good = [], None
+    for batch in sorted(by_batch, reverse=True):
+        rank0 = [p for p in by_batch[batch] if p.name.endswith("-rank0.pt")]
+        if rank0 and is_whole_checkpoint(rank0[0]):
+            good = rank0[0]
+            break
+        broken += by_batch[batch]
+    latest = folder / LATEST_CHECKPOINT
+    points_at = os.readlink(latest) if latest.is_symlink() else None
+    if not broken and (good is None or points_at == good.name):
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for p in broken:
+        os.rename(p, p.with_name(f"{p.name}.broken-{stamp}"))
+    if latest.is_symlink() or latest.exists():
+        latest.unlink()  # a symlink (Composer's), re-made below when a whole checkpoint is left
+    if good is not None:
+        os.symlink(good.name, latest)
+    names = ", ".join(p.name for p in broken) or "none"
+    return (f"checkpoints set aside as *.broken-{stamp} (truncated or damaged): {names}; "
+            + (f"resuming from {good.name}" if good else "no whole checkpoint is left: starting from scratch"))
+
+
+def point_latest_at_newest_s3(save_folder: str) -> Optional[str]:
+    """Point the `latest-rank0.pt.symlink` object of an s3:// save_folder at the newest checkpoint in it.
+
+    Composer's autoresume follows that pointer, which is uploaded after its checkpoint: a run stopped between
+    the two (S3 lost, a kill) leaves it missing or at an older checkpoint, and the resumed run would retrain
+    from there (or from scratch) and then refuse to overwrite the newer checkpoint. S3 objects appear whole or
+    not at all, so the newest one listed is safe to resume from. Returns a line saying what changed, or None."""
+
+    folder = storage.folder(save_folder)
+    names = folder.names()
+    by_batch = {int(m["batch"]): n for n in names if (m := CHECKPOINT_FILE.fullmatch(n)) and m["rank"] == "0"}
+    if not by_batch:
+        return None
+    newest = by_batch[max(by_batch)]
+    pointer = f"{LATEST_CHECKPOINT}.symlink"
+    current = folder.read(pointer).decode().strip() if pointer in names else None
+    if current == folder.key(newest):
+        return None
+    folder.write(pointer, folder.key(newest).encode())
+    was = f"at {current.rsplit('/', 1)[-1]}" if current else "missing"
+    return f"{pointer} was {was} (the run stopped before uploading it): resuming from {newest}, the newest checkpoint"
+
+
+def is_whole_checkpoint(path: Path) -> bool:
+    """Whether a torch.save zip file is complete and undamaged (reads it once; no unpickling)."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            return z.testzip() is None
+    except (zipfile.BadZipFile, OSError, EOFError):
+        return False

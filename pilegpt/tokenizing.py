@@ -1,0 +1,250 @@
+"""prepare_data's tokenizer processes: a Task of raw text in, token arrays for train and val out, in order.
+
+Pipeline sends sources.Task tuples to `num_proc` processes (the spawn start method, so everything a process runs is
+a module-level function here, and every payload is plain: bytes, str, lists, tuples) and hands the results back
+in the order the tasks went in; with num_proc == 1 it tokenizes in-process. In each process, tokenize_task
+parses the records (JSON lines or `datasets` rows), applies the subset filters, skips empty documents, picks
+each document's split (goes_to_val: a hash of its text) and encodes it as `encode_ordinary(text) + [EOT]`.
+(pilegpt/tokenizer.py is the vocabulary itself; this module runs it.)
+
+    from pilegpt import tokenizing
+    pipeline = tokenizing.Pipeline(num_proc=4, settings=settings)  # settings: see prepare_data.prepare
+    pipeline.submit(0, task)          # a sources.Task; submit(i, None) marks the end of file i
+    file_index, resume_at, result = pipeline.pop()   # result["train"], result["val"]: token arrays; None at an end
+    pipeline.close()
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing as mp
+import signal
+from collections import deque
+from typing import Iterator, Optional
+
+import numpy as np
+import orjson
+
+from pilegpt.common import UserError, one_line
+from pilegpt.sources import BadInput, Task, pile_set_name
+from pilegpt.tokenizer import get_encoding
+
+_W: dict = {}  # per-process settings and the tokenizer, set by init_worker
+
+
+def load_encoding(name: str):
+    """get_encoding(name) in the main process; a one-line UserError if the vocabulary cannot be loaded."""
+    try:
+        return get_encoding(name)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # a broken vocabulary can panic in tiktoken's Rust code (a BaseException)
+        raise UserError(f"--encoding {name}: cannot load the tiktoken vocabulary ({type(e).__name__}: "
+                        f"{one_line(e)}); gpt2 ships with this repo, other encodings are downloaded once by "
+                        f"tiktoken (check the network or set TIKTOKEN_CACHE_DIR)") from None
+
+
+class Pipeline:
+    """Tasks go to `num_proc` tokenizer processes and come back in order, at most 2 per process in flight
+    (so memory stays bounded however large the input is); with num_proc == 1 everything runs in-process.
+    The order of the output never depends on the number of processes."""
+
+    def __init__(self, num_proc: int, settings: dict):
+        self.pool = None
+        if num_proc > 1:
+            self.pool = mp.get_context("spawn").Pool(num_proc, init_worker, (settings,))
+        else:
+            init_worker(settings, ignore_sigint=False)
+        self.max_in_flight = 2 * num_proc
+        self.queue: deque = deque()  # (file index, task's resume_at, AsyncResult | result | None at a file's end)
+
+    def submit(self, file_index: int, task: Optional[Task]) -> None:
+        if task is None:
+            self.queue.append((file_index, None, None))
+        elif self.pool is None:
+            self.queue.append((file_index, task.resume_at, tokenize_task(task)))
+        else:
+            self.queue.append((file_index, task.resume_at, self.pool.apply_async(tokenize_task, (task,))))
+
+    def full(self) -> bool:
+        return len(self.queue) >= self.max_in_flight
+
+    def pop(self):
+        """The oldest entry: (file index, resume_at, result or None at a file's end). Raises the task's error."""
+        file_index, resume_at, item = self.queue.popleft()
+        if item is not None and not isinstance(item, dict):
+            item = item.get()
+        return file_index, resume_at, item
+
+    def close(self, terminate: bool = False) -> None:
+        if self.pool is not None:
+            if terminate:
+                self.pool.terminate()
+            else:
+                self.pool.close()
+            self.pool.join()
+            self.pool = None
+
+
+# ----------------------------------------------------------------------------------------------------
+# in the tokenizer processes
+
+
+def init_worker(settings: dict, ignore_sigint: bool = True) -> None:
+    if ignore_sigint:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C
+    _W.clear()
+    _W.update(settings)
+    _W["enc"] = get_encoding(settings["encoding"])
+    _W["dtype"] = np.dtype(settings["dtype"])
+    _W["buffers"] = {"train": TokenBuffer(), "val": TokenBuffer()}
+
+
+def goes_to_val(key: bytes, fraction: float) -> bool:
+    """Deterministic per-document split: a hash of the document, not its position or the process."""
+    if fraction <= 0:
+        return False
+    h = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
+    return h < fraction * 2**64
+
+
+def is_empty(text: str) -> bool:
+    """The rule for documents that are skipped (and counted): no characters, or only whitespace."""
+    return not text or text.isspace()
+
+
+class TokenizerFailure(Exception):
+    """The tokenizer itself failed on a document (a broken vocabulary): the caller adds where."""
+
+
+def encode(text: str) -> np.ndarray:
+    """`encode_ordinary(text)` as a uint32 array (tiktoken fills the array itself: no Python list of ints)."""
+    enc = _W["enc"]
+    try:
+        try:
+            return enc.encode_to_numpy(text, disallowed_special=())  # the same ids as encode_ordinary
+        except UnicodeEncodeError:  # lone surrogates: encode_ordinary replaces them, as tiktoken always does
+            return np.array(enc.encode_ordinary(text), dtype=np.uint32)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # a tokenizer's Rust panic is a BaseException: one line, not a dead process
+        raise TokenizerFailure(f"the tokenizer --encoding {_W['encoding']} failed on this document "
+                               f"({type(e).__name__}: {one_line(e)}); the tokenizer is broken, use another "
+                               "--encoding") from None
+
+
+def tokenize_task(task: Task) -> dict:
+    """Tokenize one task. Returns token arrays (the output dtype) for train and val, and the counts."""
+    out = {split: buffer.clear() for split, buffer in _W["buffers"].items()}
+    docs = {"train": 0, "val": 0}
+    bad = filtered = empty = 0
+    fraction = _W["val_fraction"] if task.split == "train" else 0.0
+    at = ":" if task.kind == "jsonl" else " row "  # messages name bad.jsonl:4 or train row 4
+
+    def emit(text: str, key: bytes, line: Optional[int], doc_end: bool = True) -> None:
+        dest = "val" if task.split == "val" or (fraction and goes_to_val(key, fraction)) else "train"
+        try:
+            ids = encode(text)
+        except TokenizerFailure as e:
+            raise BadInput(f"{task.name}{'' if line is None else f'{at}{line}'}: {e}") from None
+        out[dest].add(ids, doc_end)
+        docs[dest] += doc_end
+
+    if task.kind == "text":
+        if task.doc_start and task.doc_end and is_empty(task.payload):
+            empty += 1
+        else:
+            emit(task.payload, task.name.encode(), None, task.doc_end)
+    else:
+        column, include, exclude, skip_bad = _W["text_column"], _W["include"], _W["exclude"], _W["skip_bad_lines"]
+        for k, (text, subset, problem) in enumerate(records(task, column, include or exclude)):
+            if problem:
+                if skip_bad:
+                    bad += 1
+                    continue
+                raise BadInput(f"{task.name}{at}{task.first_line + k}: {problem}; fix it or pass --skip-bad-lines "
+                               "to skip such records")
+            if text is None:  # a blank line
+                continue
+            if (include and subset not in include) or (exclude and subset in exclude):
+                filtered += 1
+            elif is_empty(text):
+                empty += 1
+            else:
+                emit(text, text.encode("utf-8", "surrogatepass") if fraction else b"", task.first_line + k)
+    return {"train": to_output(out["train"].ids(), task), "val": to_output(out["val"].ids(), task),
+            "docs": docs, "bad": bad, "filtered": filtered, "empty": empty}
+
+
+def records(task: Task, column: str, with_subsets: bool) -> Iterator[tuple]:
+    """(text, subset, problem) per line or row of a task; text None for a blank line, problem None if fine."""
+    if task.kind == "rows":
+        for text, subset in task.payload:
+            ok = type(text) is str
+            yield (text if ok else "", subset, None if ok else f"no string in column '{column}' (set --text-column)")
+        return
+    for line in task.payload.split(b"\n"):
+        if not line or line.isspace():
+            yield None, None, None
+            continue
+        rec, problem = parse_json(line)
+        if problem is None and (type(rec) is not dict or type(rec.get(column)) is not str):
+            problem = f"no string field '{column}' (set --text-column)"
+        if problem:
+            yield "", None, problem
+        else:
+            yield rec[column], pile_set_name(rec.get("meta")) if with_subsets else None, None
+
+
+def parse_json(line: bytes) -> tuple:
+    """(record, None) or (None, problem), as json.loads(line) decides. orjson, the faster parser, reads nearly
+    every line; what it refuses (NaN, lone surrogates, a BOM, out-of-range numbers, and invalid JSON) goes to
+    json.loads, whose decision and message count. Where both accept a line, every string in the record is the
+    same (the text and the meta fields read here); only integers beyond 64 bits come back from orjson as
+    floats."""
+    try:
+        return orjson.loads(line), None
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        return json.loads(line), None
+    except UnicodeDecodeError:
+        return None, "invalid UTF-8"
+    except ValueError as e:
+        return None, f"malformed JSON ({e.msg})"
+
+
+class TokenBuffer:
+    """A task's token ids of one split, appended document by document into one uint32 array that the tokenizer
+    process reuses from task to task (warm memory, and no array per document to concatenate)."""
+
+    def __init__(self):
+        self.buf, self.n = np.empty(1 << 18, np.uint32), 0
+
+    def clear(self) -> "TokenBuffer":
+        self.n = 0
+        return self
+
+    def add(self, ids: np.ndarray, doc_end: bool) -> None:
+        n, buf = self.n, self.buf
+        end = n + len(ids)
+        if end >= len(buf):  # room for the ids and an EOT
+            buf = self.buf = np.concatenate([buf[:n], np.empty(max(end + 1, 2 * len(buf)) - n, np.uint32)])
+        buf[n:end] = ids
+        if doc_end:
+            buf[end] = _W["eot"]
+            end += 1
+        self.n = end
+
+    def ids(self) -> np.ndarray:
+        return self.buf[:self.n]
+
+
+def to_output(ids: np.ndarray, task: Task) -> np.ndarray:
+    """A copy in the output dtype; an error (never a silent wrap-around) for an id outside the vocabulary."""
+    top = int(ids.max()) if len(ids) else 0
+    if top >= _W["n_vocab"]:
+        raise BadInput(f"{task.name}: the tokenizer --encoding {_W['encoding']} returned token id {top}, outside "
+                       f"its vocabulary [0, {_W['n_vocab']}); the tokenizer is broken, use another --encoding")
+    return ids.astype(_W["dtype"])  # a copy: the buffer is reused by the next task

