@@ -97,24 +97,24 @@ def to_hf(model: GPT):
     return hf_model.eval()
 
 
-def load_hf(spec: str) -> GPT:
+def load_hf(spec: str, what: str = "init_from") -> GPT:
     """OpenAI's GPT-2 by hub name (downloaded once into the Hugging Face cache) or a local save_pretrained folder."""
     try:
         from transformers import AutoConfig, GPT2LMHeadModel
     except ImportError:
-        raise UserError(f"init_from={spec} needs the transformers package: pip install transformers") from None
+        raise UserError(f"{what}={spec} needs the transformers package: pip install transformers") from None
     local = os.path.isdir(spec)
     offline = local or hf_offline()
     try:
         config = AutoConfig.from_pretrained(spec, local_files_only=offline)
         if config.model_type != "gpt2":
-            raise UserError(f"init_from={spec} is a {config.model_type!r} model: model.py is GPT-2 only")
+            raise UserError(f"{what}={spec} is a {config.model_type!r} model: model.py is GPT-2 only")
         hf_model = GPT2LMHeadModel.from_pretrained(spec, config=config, local_files_only=offline)
     except OSError as e:  # transformers' error for missing files and for a hub it cannot reach
         reason = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
         if local:
-            raise UserError(f"init_from={spec}: cannot read this Hugging Face folder ({reason})") from None
-        raise UserError(f"init_from={spec}: OpenAI's {spec} weights are not in the Hugging Face cache and the hub "
+            raise UserError(f"{what}={spec}: cannot read this Hugging Face folder ({reason})") from None
+        raise UserError(f"{what}={spec}: OpenAI's {spec} weights are not in the Hugging Face cache and the hub "
                         f"cannot be reached{' (HF_HUB_OFFLINE is set)' if hf_offline() else ''} ({reason}): download "
                         f"them once with network, or pass a local folder written by save_pretrained") from None
     return from_hf(hf_model, spec)
@@ -125,20 +125,22 @@ def is_hf_folder(spec: str) -> bool:
         os.path.isfile(os.path.join(spec, name)) for name in HF_WEIGHT_FILES)
 
 
-def load_pretrained(spec: str, endpoint_url: Optional[str] = None) -> tuple[GPT, str]:
+def load_pretrained(spec: str, endpoint_url: Optional[str] = None, what: str = "init_from") -> tuple[GPT, str]:
     """The GPT (CPU, eval mode) that train.py's init_from names, and where it came from, in words.
 
     spec: a GPT-2 hub name (HF_GPT2_NAMES), a local Hugging Face GPT-2 folder, or a pile-gpt model.pt / Composer
-    checkpoint / run folder, local or s3://. UserError (one line) when it cannot be found or read.
+    checkpoint / run folder, local or s3://. UserError (one line) when it cannot be found or read; messages name
+    the spec as `what`=spec (train.py's setting, or eval.py's SRC).
     """
     if spec in HF_GPT2_NAMES and not os.path.exists(spec):
-        return load_hf(spec), f"OpenAI's {spec} (Hugging Face hub)"
+        return load_hf(spec, what), f"OpenAI's {spec} (Hugging Face hub)"
     if is_hf_folder(spec):
-        return load_hf(spec), f"the Hugging Face GPT-2 folder {spec}"
+        return load_hf(spec, what), f"the Hugging Face GPT-2 folder {spec}"
     if storage.is_remote(spec):
         return load_model(spec, endpoint_url=endpoint_url), f"the pile-gpt checkpoint {spec}"
     if not os.path.exists(spec):
-        raise UserError(f"init_from={spec} not found: pass scratch, one of {', '.join(HF_GPT2_NAMES)}, a Hugging "
-                        f"Face GPT-2 folder, or a pile-gpt {EXPORT_NAME} / Composer checkpoint / run folder")
+        scratch = "scratch, " if what == "init_from" else ""
+        raise UserError(f"{what}={spec} not found: pass {scratch}one of {', '.join(HF_GPT2_NAMES)}, a Hugging Face "
+                        f"GPT-2 folder, or a pile-gpt {EXPORT_NAME} / Composer checkpoint / run folder")
     path = resolve_local(spec)
     return load_model_file(path), f"the pile-gpt checkpoint {path}"

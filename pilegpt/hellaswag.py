@@ -1,0 +1,170 @@
+"""HellaSwag: the examples (downloaded once, validated) and the completion-style scoring the field compares with.
+
+    examples = load_examples(None)                      # the official val set, downloaded once into the cache
+    examples = load_examples("hellaswag_val.jsonl")     # a local copy (one JSON object per line)
+    rows = render(examples[0], gpt2(), block_size=1024) # 4 (tokens, first ending position) rows
+    losses = ending_losses(model, [rows], device)       # (1, 4, 2): sum and mean loss of each ending's tokens
+
+The scoring rule is karpathy/build-nanogpt's and llm.c's, so that OpenAI GPT-2 124M's published 28.59 (acc) and
+29.55 (acc_norm) are the numbers to compare with: for each of the 4 endings, tokens = encode(ctx) +
+encode(" " + ending); the loss is the cross-entropy of the ending's tokens only, each predicted from everything
+before it; `acc` picks the ending with the lowest summed loss, `acc_norm` the lowest mean loss. An example longer
+than the model's block_size keeps its last block_size tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import NamedTuple, Optional
+
+import torch
+import torch.nn.functional as F
+
+from pilegpt.common import UserError, atomic_path
+
+URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
+VAL_EXAMPLES = 10_042  # lines of the official hellaswag_val.jsonl
+ENDINGS = 4
+CACHE_DIR = Path(os.environ.get("PILE_GPT_CACHE", Path.home() / ".cache" / "pile-gpt")) / "hellaswag"
+
+
+class Example(NamedTuple):
+    ind: int  # the example's index in its file (0-based line order)
+    ctx: str
+    endings: list[str]  # 4 candidate endings
+    label: int  # the index of the right ending
+
+
+def parse(line: str, where: str, ind: int) -> Example:
+    """One line of a HellaSwag jsonl file; a UserError naming `where` (file:line) when it is not one."""
+    try:
+        record = json.loads(line)
+    except ValueError as e:
+        raise UserError(f"{where}: not a JSON object ({e}); each line of a HellaSwag file is one example") from None
+    if not isinstance(record, dict):
+        raise UserError(f"{where}: not a JSON object; each line of a HellaSwag file is one example")
+    ctx, endings, label = record.get("ctx"), record.get("endings"), record.get("label")
+    if not isinstance(ctx, str):
+        raise UserError(f"{where}: no text field 'ctx' (the context)")
+    if not (isinstance(endings, list) and len(endings) == ENDINGS and all(isinstance(e, str) for e in endings)):
+        raise UserError(f"{where}: 'endings' must be a list of {ENDINGS} strings")
+    if isinstance(label, str) and label.isdigit():
+        label = int(label)
+    if not (isinstance(label, int) and not isinstance(label, bool) and 0 <= label < ENDINGS):
+        raise UserError(f"{where}: 'label' must be the index of the right ending, 0 to {ENDINGS - 1}")
+    return Example(ind, ctx, endings, label)
+
+
+def read_examples(path: Path) -> list[Example]:
+    """Every example of a local HellaSwag jsonl file, validated line by line."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read {path} ({e}); pass a HellaSwag .jsonl file") from None
+    examples: list[Example] = []
+    for i, line in enumerate(lines):
+        if line.strip():
+            examples.append(parse(line, f"{path}:{i + 1}", len(examples)))
+    if not examples:
+        raise UserError(f"{path} holds no examples")
+    return examples
+
+
+def download(url: str = URL, cache_dir: Path = CACHE_DIR) -> Path:
+    """The official val file in the cache, downloaded on first use: written under a temporary name, checked (every
+    line an example, VAL_EXAMPLES of them), then renamed into place, so a partial or bad download is never used."""
+    path = cache_dir / "hellaswag_val.jsonl"
+    if path.is_file():
+        return path
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        try:
+            with urllib.request.urlopen(url, timeout=30) as response, open(tmp, "wb") as out:
+                while chunk := response.read(1 << 20):
+                    out.write(chunk)
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            reason = getattr(e, "reason", None) or e
+            raise UserError(f"cannot download HellaSwag from {url} ({reason}): offline? pass a local copy of "
+                            f"hellaswag_val.jsonl with --data FILE") from None
+        n = len(read_examples(Path(tmp)))
+        if n != VAL_EXAMPLES:
+            raise UserError(f"the download from {url} holds {n} examples, not {VAL_EXAMPLES}: not the HellaSwag val "
+                            f"set (nothing kept); pass a local copy with --data FILE")
+    return path
+
+
+def load_examples(data: Optional[str], url: str = URL, limit: Optional[int] = None) -> list[Example]:
+    """The examples of `data` (a local file), else of the official val set (downloaded once); the first `limit`."""
+    examples = read_examples(Path(data)) if data else read_examples(download(url))
+    return examples[:limit] if limit else examples
+
+
+class Row(NamedTuple):
+    tokens: list[int]  # context + ending, at most block_size
+    start: int  # position of the ending's first token in `tokens`
+
+
+def render(example: Example, enc, block_size: int) -> list[Row]:
+    """The 4 token rows of an example: encode(ctx) + encode(" " + ending), cut to its last block_size tokens."""
+    ctx = enc.encode_ordinary(example.ctx)
+    rows = []
+    for ending in example.endings:
+        tail = enc.encode_ordinary(" " + ending)
+        tokens = (ctx + tail)[-block_size:]
+        rows.append(Row(tokens, max(1, len(tokens) - len(tail))))  # token 0 has nothing before it to predict it
+    return rows
+
+
+@torch.no_grad()
+def ending_losses(model, batch: list[list[Row]], device: torch.device, autocast_dtype=None) -> torch.Tensor:
+    """(E, 4, 2) float64: the summed and the mean cross-entropy of each ending's tokens, for E examples in one
+    forward pass. Rows are right-padded: causal attention never looks right, so padding changes no loss."""
+    rows = [row for example in batch for row in example]
+    T = max(len(r.tokens) for r in rows)
+    idx = torch.zeros((len(rows), T), dtype=torch.long)
+    targets = torch.full((len(rows), T), -1, dtype=torch.long)
+    for i, row in enumerate(rows):
+        n = len(row.tokens)
+        idx[i, :n] = torch.tensor(row.tokens)
+        targets[i, row.start - 1:n - 1] = idx[i, row.start:n]  # position t predicts token t + 1
+    idx, targets = idx.to(device), targets.to(device)
+    with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+        logits, _ = model(idx, targets)  # with targets, every position's logits: (R, T, V)
+    losses = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1,
+                             reduction="none").view(len(rows), T).double()
+    counts = (targets != -1).sum(dim=1).clamp(min=1)
+    total = losses.sum(dim=1)
+    return torch.stack((total, total / counts), dim=1).view(len(batch), ENDINGS, 2).cpu()
+
+
+class Prediction(NamedTuple):
+    ind: int
+    label: int
+    pred: int  # the ending with the lowest summed loss (acc)
+    pred_norm: int  # the ending with the lowest mean loss (acc_norm)
+
+
+def evaluate(model, examples: list[Example], enc, device: torch.device, batch_size: int = 8, autocast_dtype=None,
+             progress=None) -> list[Prediction]:
+    """Score `examples` in batches of batch_size examples (4 x batch_size rows per forward pass)."""
+    block_size = model.config.block_size
+    predictions = []
+    for i in range(0, len(examples), batch_size):
+        part = examples[i:i + batch_size]
+        losses = ending_losses(model, [render(e, enc, block_size) for e in part], device, autocast_dtype)
+        for example, loss in zip(part, losses):
+            predictions.append(Prediction(example.ind, example.label, int(loss[:, 0].argmin()),
+                                          int(loss[:, 1].argmin())))
+        if progress is not None:
+            progress.update(len(part))
+    return predictions
+
+
+def accuracy(predictions: list[Prediction]) -> tuple[float, float]:
+    """(acc, acc_norm) of these predictions."""
+    n = max(1, len(predictions))
+    return (sum(p.pred == p.label for p in predictions) / n, sum(p.pred_norm == p.label for p in predictions) / n)
