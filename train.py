@@ -67,19 +67,19 @@ from composer import Trainer
 from composer.callbacks import LRMonitor, MemoryMonitor, RuntimeEstimator, SpeedMonitor
 from composer.core import Evaluator
 from composer.loggers import FileLogger, LoggerDestination
-from composer.metrics.nlp import LanguageCrossEntropy, LanguagePerplexity
 from composer.models import ComposerModel
 from composer.optim import CosineAnnealingWithWarmupScheduler
 from composer.utils import dist, reproducibility
 
 from model import GPT, Block, GPTConfig
 from pilegpt import storage
-from pilegpt.callbacks import ExportModel, MetricsLog, SampleText, StopOnNonFinite, build_loggers
+from pilegpt.callbacks import ExportModel, HellaSwagEval, MetricsLog, SampleText, StopOnNonFinite, build_loggers
 from pilegpt.checkpoint import EXPORT_NAME
 from pilegpt.common import UserError, atomic_write_text, load_dotenv_file, mask_secrets, run_main, tune_glibc_malloc
 from pilegpt.extensions import build_algorithms, build_callbacks
 from pilegpt.hf import load_pretrained
-from pilegpt.loaders import build_dataloaders
+from pilegpt.loaders import build_dataloaders, build_eval_loader, data_tokenizer, eval_batch_size
+from pilegpt.metrics import BitsPerByte, CrossEntropyFromLoss, PerplexityFromLoss, token_bytes
 from pilegpt.resume import existing_checkpoints, set_aside_broken_checkpoints
 from pilegpt.s3 import lost_connection
 from pilegpt.train_config import SHAPE_FIELDS, TrainConfig, config_text, config_values, make_config
@@ -92,27 +92,10 @@ METRICS_JSONL = "metrics.jsonl"
 # ----------------------------------------------------------------------------------------------------------
 # The Composer model: model.py's GPT, its loss and metrics
 
-class _FromLoss:
-    """Cross-entropy metric state (sum of token losses, token count) updated from the loss the forward pass
-    already computed, instead of a second cross-entropy over the (B*T, V) logits."""
-
-    def update(self, loss: torch.Tensor, num_tokens: torch.Tensor) -> None:
-        self.sum_loss += loss.detach().float() * num_tokens
-        self.total_items += num_tokens
-
-
-class CrossEntropyFromLoss(_FromLoss, LanguageCrossEntropy):
-    pass
-
-
-class PerplexityFromLoss(_FromLoss, LanguagePerplexity):
-    pass
-
-
 class ComposerGPT(ComposerModel):
     """GPT as a ComposerModel: batch {"x", "y"} in, (logits (B, T, V), mean loss) out."""
 
-    def __init__(self, config: GPTConfig):
+    def __init__(self, config: GPTConfig, tokenizer: str = "gpt2"):
         super().__init__()
         self.model = GPT(config)
         # Wrap each transformer block in its own FSDP unit (when FSDP is on); the root unit keeps the
@@ -121,7 +104,8 @@ class ComposerGPT(ComposerModel):
         self._flops_per_token = self.model.flops_per_token()  # before FSDP shards the parameters
         self.train_metrics = {"LanguageCrossEntropy": CrossEntropyFromLoss(ignore_index=-1)}
         self.eval_metrics = {"LanguageCrossEntropy": CrossEntropyFromLoss(ignore_index=-1),
-                             "LanguagePerplexity": PerplexityFromLoss(ignore_index=-1)}
+                             "LanguagePerplexity": PerplexityFromLoss(ignore_index=-1),
+                             "BitsPerByte": BitsPerByte(token_bytes(tokenizer, config.vocab_size))}
 
     def forward(self, batch: dict):
         return self.model(batch["x"], targets=batch["y"])
@@ -133,7 +117,10 @@ class ComposerGPT(ComposerModel):
         return self.train_metrics if is_train else self.eval_metrics
 
     def update_metric(self, batch: dict, outputs, metric) -> None:
-        metric.update(outputs[1], (batch["y"] != -1).sum())
+        if isinstance(metric, BitsPerByte):  # per-token losses: evaluation only
+            metric.update(outputs[0], batch["y"])
+        else:
+            metric.update(outputs[1], (batch["y"] != -1).sum())
 
     def flops_per_batch(self, batch: dict) -> int:
         """Training FLOPs (forward + backward) of one batch, for SpeedMonitor's MFU."""
@@ -246,20 +233,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     # Model, data, optimizer
     reproducibility.seed_all(cfg.seed)  # identical initial weights on every rank
-    model = ComposerGPT(cfg.model_config())
+    model = ComposerGPT(cfg.model_config(), data_tokenizer(cfg))
     if source is not None:  # weights only: the optimizer and the schedule start fresh
         model.model.load_state_dict(source.state_dict())
         origin, source = f"{source.num_params() / 1e6:.2f}M weights from {origin}", None
     if cfg.init_from != "scratch" and rank == 0:
         print(f"init_from={cfg.init_from}: {origin}", flush=True)
     train_spec, val_spec = build_dataloaders(cfg, world_size, rank, pin_memory=device == "gpu")
-    evaluators, eval_interval, eval_batches = None, 1, -1  # Composer's defaults: no evaluation at all
-    if val_spec is not None:
-        evaluators = Evaluator(label="val", dataloader=val_spec,
-                               metric_names=["LanguageCrossEntropy", "LanguagePerplexity"])
-        eval_interval, eval_batches = cfg.eval_interval, cfg.eval_subset_num_batches
-    elif rank == 0:
-        print("no validation split in the data: training without evaluation", flush=True)
+    eval_sets = {"val": val_spec} if val_spec is not None else {}
+    eval_sets.update({label: build_eval_loader(cfg, location, world_size, rank, pin_memory=device == "gpu")
+                      for label, location in cfg.eval_data.items()})  # named sets: owt_loss, owt_bpb, ...
+    evaluators = [Evaluator(label=label, dataloader=spec, metric_names=list(model.eval_metrics))
+                  for label, spec in eval_sets.items()] or None
+    eval_interval, eval_batches = (cfg.eval_interval, cfg.eval_subset_num_batches) if evaluators else (1, -1)
+    if val_spec is None and rank == 0:
+        print("no validation split in the data: training without evaluation on it", flush=True)
     optimizer = torch.optim.AdamW(model.model.optim_groups(cfg.weight_decay), lr=cfg.learning_rate,
                                   betas=(cfg.beta1, cfg.beta2), fused=device == "gpu")
     scheduler = CosineAnnealingWithWarmupScheduler(t_warmup=cfg.warmup, alpha_f=cfg.min_lr / cfg.learning_rate)
@@ -268,11 +256,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # Logs and callbacks
     start = time.strftime("%Y%m%d-%H%M%S")
     os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
+    metrics_log = MetricsLog(os.path.join(run_dir, METRICS_JSONL), cfg.log_interval, print_steps=not cfg.progress_bar,
+                             remote_name=remote_name(f"logs/{start}-{METRICS_JSONL}"))
     loggers = [FileLogger(filename=os.path.join(run_dir, "logs", f"{start}-rank{{rank}}.txt"),
                           remote_file_name=remote_name(f"logs/{start}-rank{{rank}}.txt")),
-               MetricsLog(os.path.join(run_dir, METRICS_JSONL), cfg.log_interval, print_steps=not cfg.progress_bar,
-                          remote_name=remote_name(f"logs/{start}-{METRICS_JSONL}")),
-               *build_loggers(cfg)]
+               metrics_log, *build_loggers(cfg)]
     uploads = S3Uploads(remote.bucket) if remote else None  # checkpoints, config, model.pt, logs
     if uploads is not None:
         loggers.insert(0, uploads)
@@ -281,10 +269,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                  ExportModel(cfg.save_interval, run_dir, remote_name(EXPORT_NAME))]
     if device == "gpu":
         callbacks.append(MemoryMonitor())
+    if cfg.hellaswag_examples:
+        callbacks.append(HellaSwagEval(cfg.hellaswag_examples, cfg.hellaswag_data, eval_batch_size(cfg)))
     if cfg.sample_length:
         callbacks.append(SampleText(cfg.sample_prompt, cfg.sample_length, cfg.block_size, seed=cfg.seed))
-    metrics = {"train": list(model.train_metrics), "val": list(model.eval_metrics)}  # what early_stopper can watch
-    extra = build_callbacks(cfg.callbacks, device, metrics if val_spec is not None else {"train": metrics["train"]})
+    metrics = {"train": list(model.train_metrics), **{label: list(model.eval_metrics) for label in eval_sets}}
+    extra = build_callbacks(cfg.callbacks, device, metrics)  # the metrics early_stopper can watch
     # A Composer callback named in cfg.callbacks (e.g. speed_monitor) replaces the default one of its class above;
     # a user's LoggerDestination joins the loggers (it then receives metrics and hyperparameters too).
     callbacks = [c for c in callbacks if type(c) not in {type(e) for e in extra}]
@@ -342,9 +332,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         seconds = time.time() - t0
         batches, tokens = int(state.timestamp.batch) - start_batch, int(state.timestamp.token) - start_tokens
         loss = state.total_loss_dict.get("loss/train/total", math.nan) if state.total_loss_dict else math.nan
-        val = ""
-        if state.eval_metric_values.get("LanguageCrossEntropy") is not None:
-            val = f", val loss {float(state.eval_metric_values['LanguageCrossEntropy']):.4f}"
+        last = metrics_log.last_eval
+        val = "".join(f", {k.replace('_', ' ')} {last[k]:.4f}" for k in ("val_loss", "val_bpb") if k in last)
         resumed = f" (resumed at batch {start_batch})" if start_batch else ""
         print(f"done: {batches} batches, {tokens:,} tokens in {seconds:.1f} s ({tokens / max(seconds, 1e-9):,.0f} "
               f"tokens/s){resumed}; train loss {loss:.4f}{val}; export {os.path.join(save_folder, EXPORT_NAME)}",

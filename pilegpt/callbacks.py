@@ -2,6 +2,7 @@
 
 - `SampleText`: a short text sample from the model after each evaluation and at the end (rank 0 prints it).
 - `ExportModel`: the weights-only model.pt (checkpoint.save_export) every save_interval and at the end.
+- `HellaSwagEval`: HellaSwag accuracy at every evaluation (hellaswag_examples), as eval.py scores it.
 - `StopOnNonFinite`: ends the run at the first NaN/inf loss or weight, before it is evaluated or saved.
 - `MetricsLog`: one JSON line per batch in metrics.jsonl (loss, lr, tokens/s, MFU, val loss), and the
   one-line step log when the progress bar is off.
@@ -144,6 +145,42 @@ class ExportModel(Callback):
             logger.upload_file(self.remote_name, self.local_path, overwrite=True)
 
 
+class HellaSwagEval(Callback):
+    """After each evaluation, scores the first `count` HellaSwag examples with eval.py's scoring (pilegpt/hellaswag.py),
+    split across the ranks, and logs hellaswag/acc and hellaswag/acc_norm: the same figures eval.py gives for the
+    same weights and examples."""
+
+    def __init__(self, count: int, data: Optional[str], batch_size: int):
+        from pilegpt import hellaswag
+
+        self.examples = hellaswag.load_examples(data, limit=count if count > 0 else None)
+        self.batch_size, self.last_batch = batch_size, -1
+
+    def eval_after_all(self, state: State, logger: Logger) -> None:
+        from pilegpt import hellaswag
+        from pilegpt.tokenizer import gpt2
+
+        batch = int(state.timestamp.batch)
+        if batch == self.last_batch:
+            return
+        self.last_batch = batch
+        world, rank = dist.get_world_size(), dist.get_global_rank()
+        mine = self.examples[rank::world]
+        padding = -(-len(self.examples) // world) - len(mine)  # every rank runs as many forward passes (FSDP)
+        wrapper = composer_model(state)
+        device = next(wrapper.parameters()).device
+        dtype = {"amp_bf16": torch.bfloat16, "amp_fp16": torch.float16}.get(str(state.precision.value))
+        with model_eval_mode(wrapper):
+            predictions = hellaswag.evaluate(wrapper.model, mine + self.examples[:padding], gpt2(), device,
+                                             self.batch_size, dtype)[:len(mine)]
+        counts = torch.tensor([sum(p.pred == p.label for p in predictions),
+                               sum(p.pred_norm == p.label for p in predictions), len(predictions)],
+                              dtype=torch.float64, device=device)
+        dist.all_reduce(counts, reduce_operation="SUM")
+        logger.log_metrics({"hellaswag/acc": float(counts[0] / counts[2]),
+                            "hellaswag/acc_norm": float(counts[1] / counts[2])})
+
+
 class StopOnNonFinite(Callback):
     """Ends the run at the first batch whose loss or updated weights hold a NaN or an infinity (on any rank),
     or whose validation loss does, before that batch's checkpoint or export: the last checkpoint on disk
@@ -178,15 +215,17 @@ class MetricsLog(LoggerDestination):
     a one-line summary every log_interval batches when the progress bar is off, and every evaluation."""
 
     KEYS = {"loss/train/total": "loss", "throughput/tokens_per_sec": "tokens_per_sec",
-            "throughput/device/mfu": "mfu", "metrics/val/LanguageCrossEntropy": "val_loss",
-            "metrics/val/LanguagePerplexity": "val_ppl", "lr-AdamW/group0": "lr",
+            "throughput/device/mfu": "mfu", "lr-AdamW/group0": "lr",
             "time/remaining_estimate": "eta_s",  # RuntimeEstimator(time_unit="seconds")
-            "memory/peak_allocated_mem": "peak_mem_gb"}  # MemoryMonitor (GPU only), in GB
+            "memory/peak_allocated_mem": "peak_mem_gb",  # MemoryMonitor (GPU only), in GB
+            "hellaswag/acc": "hellaswag_acc", "hellaswag/acc_norm": "hellaswag_acc_norm"}  # HellaSwagEval
+    EVAL_METRICS = {"LanguageCrossEntropy": "loss", "LanguagePerplexity": "ppl", "BitsPerByte": "bpb"}  # per set
 
     def __init__(self, path: str, log_interval: int, print_steps: bool, remote_name: Optional[str] = None):
         self.path, self.log_interval, self.print_steps = path, log_interval, print_steps
         self.remote_name = remote_name  # object key to upload the file to at the end (S3 save_folder)
         self.row: dict[str, Any] = {}
+        self.last_eval: dict[str, float] = {}  # the latest figure of each eval set (val_loss, owt_bpb, ...)
         self.t0 = time.time()
 
     def fit_end(self, state: State, logger: Logger) -> None:
@@ -197,6 +236,11 @@ class MetricsLog(LoggerDestination):
         for key, value in metrics.items():
             if key in self.KEYS:
                 self.row[self.KEYS[key]] = float(value)
+            elif key.startswith("metrics/") and key.count("/") == 2:  # metrics/{eval set}/{metric}: val_loss, owt_bpb
+                _, label, metric = key.split("/")
+                if label != "train" and metric in self.EVAL_METRICS:
+                    self.row[f"{label}_{self.EVAL_METRICS[metric]}"] = float(value)
+                    self.last_eval[f"{label}_{self.EVAL_METRICS[metric]}"] = float(value)
 
     def batch_checkpoint(self, state: State, logger: Logger) -> None:
         # After BATCH_END and the evaluations of this batch: the row is complete.
@@ -214,9 +258,13 @@ class MetricsLog(LoggerDestination):
             eta = f" | eta {int(row['eta_s']) // 3600}h{int(row['eta_s']) % 3600 // 60:02d}m" if "eta_s" in row else ""
             print(f"step {batch}/{total} | loss {row['loss']:.4f} | lr {row.get('lr', 0):.2e} | {tps}{mfu}{eta}",
                   flush=True)
-        if "val_loss" in row:
-            print(f"step {batch}/{total} | val loss {row['val_loss']:.4f} | val ppl {row['val_ppl']:.2f}",
-                  flush=True)
+        evals = [(k[:-len("_loss")], v) for k, v in row.items() if k.endswith("_loss")]
+        if evals or "hellaswag_acc" in row:
+            parts = [f"{label} loss {loss:.4f}" + (f" bpb {row[label + '_bpb']:.4f}" if label + "_bpb" in row else "")
+                     for label, loss in evals]
+            if "hellaswag_acc" in row:
+                parts.append(f"hellaswag acc {row['hellaswag_acc']:.4f} acc_norm {row['hellaswag_acc_norm']:.4f}")
+            print(f"step {batch}/{total} | " + " | ".join(parts), flush=True)
 
 
 def build_loggers(cfg) -> list:

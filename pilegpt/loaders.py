@@ -12,6 +12,7 @@ Streaming is imported only when MDS is read.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -245,25 +246,14 @@ def check_sample_length(dataset, block_size: int, what: str) -> None:
 
 def build_dataloaders(cfg, world_size: int, rank: int, pin_memory: bool):
     """(train DataSpec, val DataSpec or None) for this rank, from a TrainConfig's data and batch settings."""
-    from composer.core import DataSpec
     from composer.utils import dist
     from torch.utils.data import DataLoader
 
     per_rank = cfg.per_rank_batch(world_size)
-    mb = cfg.device_train_microbatch_size
-    eval_bs = cfg.device_eval_batch_size or (mb if isinstance(mb, int) else 8)
+    eval_bs = eval_batch_size(cfg)
     loader_args = dict(num_workers=cfg.num_workers, pin_memory=pin_memory, persistent_workers=cfg.num_workers > 0)
     if cfg.data_remote is None and detect_format(cfg.data_dir, cfg.data_format) == "bin":
-        if (Path(cfg.data_dir) / META_NAME).is_file():
-            meta = Meta.read(cfg.data_dir)
-        else:
-            meta = nanogpt_meta(cfg.data_dir)
-            if rank == 0:
-                print(f"note: {cfg.data_dir} has no {META_NAME}: reading its .bin files as nanoGPT's (uint16 GPT-2 "
-                      f"tokens, vocab {meta.vocab_size})", flush=True)
-        if meta.vocab_size > cfg.vocab_size:
-            raise UserError(f"{cfg.data_dir} uses a vocabulary of {meta.vocab_size} tokens but vocab_size is "
-                            f"{cfg.vocab_size}: pass --vocab_size={meta.vocab_size}")
+        meta = read_meta(cfg.data_dir, cfg.vocab_size, rank)
         train_set = bin_split(cfg.data_dir, meta, "train", cfg.block_size)
         val_set = bin_split(cfg.data_dir, meta, "val", cfg.block_size)
         if train_set is None:
@@ -288,9 +278,63 @@ def build_dataloaders(cfg, world_size: int, rank: int, pin_memory: bool):
         train = DataLoader(train_set, batch_size=per_rank, collate_fn=collate, drop_last=True, **loader_args)
         val_set = mds_split(cfg, "val", eval_bs, shuffle=False)
         val = None if val_set is None else DataLoader(val_set, batch_size=eval_bs, collate_fn=collate, **loader_args)
+    return data_spec(train), (data_spec(val) if val is not None else None)
 
-    def spec(loader):
-        return DataSpec(loader, get_num_tokens_in_batch=lambda b: int(b["x"].numel()),
-                        get_num_samples_in_batch=lambda b: int(b["x"].shape[0]))
 
-    return spec(train), (spec(val) if val is not None else None)
+def data_spec(loader):
+    """A Composer DataSpec that counts a batch's samples and tokens from its x."""
+    from composer.core import DataSpec
+
+    return DataSpec(loader, get_num_tokens_in_batch=lambda b: int(b["x"].numel()),
+                    get_num_samples_in_batch=lambda b: int(b["x"].shape[0]))
+
+
+def eval_batch_size(cfg) -> int:
+    mb = cfg.device_train_microbatch_size
+    return cfg.device_eval_batch_size or (mb if isinstance(mb, int) else 8)
+
+
+def read_meta(data_dir: str, vocab_size: int, rank: int) -> Meta:
+    """meta.json of a .bin folder (a nanoGPT folder without one: GPT-2 uint16), checked against the model's vocab."""
+    if (Path(data_dir) / META_NAME).is_file():
+        meta = Meta.read(data_dir)
+    else:
+        meta = nanogpt_meta(data_dir)
+        if rank == 0:
+            print(f"note: {data_dir} has no {META_NAME}: reading its .bin files as nanoGPT's (uint16 GPT-2 "
+                  f"tokens, vocab {meta.vocab_size})", flush=True)
+    if meta.vocab_size > vocab_size:
+        raise UserError(f"{data_dir} uses a vocabulary of {meta.vocab_size} tokens but vocab_size is "
+                        f"{vocab_size}: pass --vocab_size={meta.vocab_size}")
+    return meta
+
+
+def data_tokenizer(cfg) -> str:
+    """The tokenizer the training data was made with (meta.json, or to_mds.json for MDS); "gpt2" when unrecorded."""
+    if cfg.data_remote is None and detect_format(cfg.data_dir, cfg.data_format) == "bin":
+        return read_meta(cfg.data_dir, cfg.vocab_size, rank=-1).tokenizer
+    made = read_split_file(mds_roots(cfg)[0], "train", TO_MDS_META)
+    return (json.loads(made).get("tokenizer") if made else None) or "gpt2"
+
+
+def build_eval_loader(cfg, location: str, world_size: int, rank: int, pin_memory: bool):
+    """The val split of another dataset (a prepare_data folder, or an MDS root, local or s3://) as a DataSpec:
+    train.py's named evaluation sets (eval_data), read as train.py reads its own val split."""
+    from composer.utils import dist
+    from torch.utils.data import DataLoader
+
+    local = not storage.is_remote(location)
+    other = dataclasses.replace(cfg, data_dir=location if local else None, data_remote=None if local else location,
+                                data_format="auto")
+    loader_args = dict(num_workers=cfg.num_workers, pin_memory=pin_memory, persistent_workers=cfg.num_workers > 0)
+    eval_bs = eval_batch_size(cfg)
+    if local and detect_format(location, "auto") == "bin":
+        val_set = bin_split(location, read_meta(location, cfg.vocab_size, rank), "val", cfg.block_size)
+        how = dict(sampler=None if val_set is None else dist.get_sampler(val_set, shuffle=False, drop_last=False))
+    else:
+        val_set = mds_split(other, "val", eval_bs, shuffle=False)
+        how = dict(collate_fn=functools.partial(collate_mds, vocab_size=cfg.vocab_size))
+    if val_set is None:
+        raise UserError(f"eval_data: {location} has no val split (val.bin from prepare_data.py, or val/ from "
+                        "to_mds.py): make one, or drop it from eval_data")
+    return data_spec(DataLoader(val_set, batch_size=eval_bs, **how, **loader_args))

@@ -68,6 +68,9 @@ class TrainConfig:
     # evaluation
     eval_interval: str = "1000ba"  # evaluate on the val split this often (and at the end)
     eval_subset_num_batches: int = 20  # val batches per evaluation; -1 = the whole val split
+    eval_data: dict = field(default_factory=dict)  # more eval sets by name: {"owt": "data/owt", "pile": "s3://b/mds"}
+    hellaswag_examples: int = 0  # HellaSwag examples scored at every evaluation (eval.py's scoring); 0 = off, -1 = all
+    hellaswag_data: Optional[str] = None  # a local HellaSwag .jsonl; None = the official val set (downloaded once)
     sample_prompt: str = ""  # prompt of the text sample printed at each evaluation; "" = <|endoftext|>
     sample_length: int = 48  # tokens generated for that sample; 0 = no samples
     # system
@@ -158,6 +161,14 @@ class TrainConfig:
                               f"be a fraction like '0.01dur'")
         if self.eval_subset_num_batches == 0 or self.eval_subset_num_batches < -1:
             errors.append(f"eval_subset_num_batches must be -1 (all) or >= 1, got {self.eval_subset_num_batches}")
+        for label, location in self.eval_data.items():
+            if not (isinstance(label, str) and label.isidentifier()) or label in ("train", "val", "hellaswag"):
+                errors.append(f"eval_data: {label!r} is not a usable name: a word like 'owt' (train, val and "
+                              "hellaswag are taken)")
+            elif not isinstance(location, str) or not location:
+                errors.append(f"eval_data: {label}: {location!r} must be a folder or an s3:// MDS root")
+        if self.hellaswag_examples < -1:
+            errors.append(f"hellaswag_examples must be -1 (all), 0 (off) or a count, got {self.hellaswag_examples}")
         if self.sample_length < 0:
             errors.append(f"sample_length must be >= 0, got {self.sample_length}")
         if self.device not in ("auto", "gpu", "cpu"):

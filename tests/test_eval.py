@@ -175,3 +175,47 @@ def test_offline_without_data_is_one_line_naming_the_fix(model_file, tmp_path):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr.startswith("error: cannot download HellaSwag from http://127.0.0.1:") and "--data FILE" in \
         proc.stderr
+
+
+@pytest.mark.slow
+def test_training_reports_bpb_named_eval_sets_and_hellaswag_as_eval_py_scores_it(tmp_path):
+    """One tiny run: val_bpb equals an independent computation over the same val windows, a named eval set gets its
+    own figures, and the in-training HellaSwag figures equal eval.py's on the exported weights."""
+    import math
+
+    import numpy as np
+
+    from helpers import SMALL, read_jsonl, run, shakespeare_tokens, write_bin
+    from pilegpt.checkpoint import load_model
+    from pilegpt.data import read_windows, window_starts
+
+    tokens = shakespeare_tokens()
+    write_bin(tmp_path / "data", tokens[:20_000])
+    write_bin(tmp_path / "other", tokens[100_000:110_000])
+    out = run([*SMALL, f"--data_dir={tmp_path / 'data'}", "--max_duration=4ba", "--eval_interval=4ba",
+               "--eval_subset_num_batches=-1", "--progress_bar=False", "--save_folder=run", "--sample_length=0",
+               f"--eval_data={{'other': {str(tmp_path / 'other')!r}}}", "--hellaswag_examples=20",
+               f"--hellaswag_data={TINY}"], cwd=tmp_path)
+    row = read_jsonl(tmp_path / "run" / "metrics.jsonl")[-1]
+    assert {"val_loss", "val_bpb", "other_loss", "other_bpb", "hellaswag_acc", "hellaswag_acc_norm"} <= set(row)
+    assert f"hellaswag acc {row['hellaswag_acc']:.4f}" in out and f"other loss {row['other_loss']:.4f}" in out
+
+    model = load_model(str(tmp_path / "run" / "model.pt"))
+    enc = gpt2()
+    for label, folder in (("val", "data"), ("other", "other")):
+        val = np.fromfile(tmp_path / folder / "val.bin", dtype=np.uint16)
+        x, y = read_windows(val, window_starts(len(val), 32), 32)
+        with torch.no_grad():
+            logits, _ = model(torch.from_numpy(x.astype(np.int64)), torch.from_numpy(y.astype(np.int64)))
+        losses = F.cross_entropy(logits.reshape(-1, logits.size(-1)).double(), torch.from_numpy(
+            y.reshape(-1).astype(np.int64)), reduction="none")
+        nbytes = torch.tensor([0 if t == enc.eot_token else len(enc.decode_single_token_bytes(int(t)))
+                               for t in y.reshape(-1)])
+        assert math.isclose(row[f"{label}_loss"], float(losses.mean()), rel_tol=1e-5)
+        bpb = float(losses[nbytes > 0].sum() / math.log(2) / nbytes.sum())
+        assert math.isclose(row[f"{label}_bpb"], bpb, rel_tol=1e-5), (label, row[f"{label}_bpb"], bpb)
+
+    assert eval_script.main([str(tmp_path / "run" / "model.pt"), "--task", "hellaswag", "--data", str(TINY),
+                             "--limit", "20", "--out", str(tmp_path / "h.json")]) == 0
+    scored = json.loads((tmp_path / "h.json").read_text())
+    assert (scored["acc"], scored["acc_norm"]) == (row["hellaswag_acc"], row["hellaswag_acc_norm"])
