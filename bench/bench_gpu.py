@@ -148,9 +148,9 @@ class Setup:
         """train.py settings of every row after config/pile.py: the bench's data, length and logging."""
         return [f"--data_dir={self.data_dir}", f"--block_size={self.block_size}", f"--global_batch_size={self.batch}",
                 f"--max_duration={self.steps}ba", f"--warmup={self.warmup}ba", "--eval_interval=1000000ba",
-                "--eval_subset_num_batches=1", "--save_interval=1000000ba", "--sample_length=0",
-                "--progress_bar=False", "--log_interval=10", "--autoresume=False", "--save_overwrite=True",
-                f"--speed_window={max(1, self.steps - self.warmup - 1)}", *self.extra]
+                "--eval_subset_num_batches=1", "--hellaswag_examples=0", "--save_interval=1000000ba",
+                "--sample_length=0", "--progress_bar=False", "--log_interval=10", "--autoresume=False",
+                "--save_overwrite=True", f"--speed_window={max(1, self.steps - self.warmup - 1)}", *self.extra]
 
 
 @dataclass

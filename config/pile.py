@@ -37,6 +37,12 @@ max_duration = "19073ba"  # 19073 x 491,520 = 9.4B tokens (one pass over ~3% of 
 
 eval_interval = "1000ba"
 eval_subset_num_batches = 50  # 50 x 16 x 8 GPUs x 1024 = 6.6M validation tokens per evaluation
+# HellaSwag (all 10,042, downloaded once; hellaswag_data=FILE offline) at every evaluation, as eval.py scores it:
+# ~4M tokens forward (40,168 rows of ~100 padded tokens) per 1000 batches of 491,520 tokens forward and
+# backward: 4e6 x 2 / (4.9e8 x 6) = ~0.3% of the training compute.
+hellaswag_examples = -1
+# More eval sets by name, e.g. OpenWebText's val split (prepare_data.py --dataset Skylion007/openwebtext):
+#   eval_data = {"owt": "data/owt"}      -> owt_loss, owt_bpb beside val_loss, val_bpb in metrics.jsonl
 sample_prompt = "The meaning of life is"
 
 precision = "auto"  # amp_bf16 on GPU

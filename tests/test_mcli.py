@@ -47,7 +47,7 @@ TRAIN_COMMAND = "composer train.py config/pile.py"
 # A model and run small enough for a busy 2-core CPU: 2 batches of 8 sequences of 64 tokens.
 TINY = ("--n_layer=2 --n_head=2 --n_embd=32 --block_size=64 --global_batch_size=8 --device_train_microbatch_size=8 "
         "--warmup=1ba --max_duration=2ba --eval_interval=2ba --eval_subset_num_batches=1 --save_interval=2ba "
-        "--sample_length=0 --num_workers=0 --progress_bar=False")
+        "--sample_length=0 --num_workers=0 --progress_bar=False --hellaswag_examples=0")  # offline: no download
 TINY_BLOCK = 64
 # Set by the MCLI platform inside a run, never by the YAML.
 PLATFORM_VARS = {"RUN_NAME", "NODE_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
