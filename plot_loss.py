@@ -13,9 +13,8 @@ import json
 from pathlib import Path
 from typing import Optional, Sequence
 
-from pilegpt.common import UserError, atomic_path, run_main
-
-WINDOW = 20  # batches in the moving average
+from pilegpt.common import UserError, run_main
+from pilegpt.report import plot
 
 
 def read_metrics(path: Path) -> list[dict]:
@@ -29,14 +28,6 @@ def read_metrics(path: Path) -> list[dict]:
     return rows
 
 
-def moving_average(values: list[float], window: int) -> list[float]:
-    out, total = [], 0.0
-    for i, v in enumerate(values):
-        total += v - (values[i - window] if i >= window else 0.0)
-        out.append(total / min(i + 1, window))
-    return out
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("metrics", help="run folder or its metrics.jsonl")
@@ -46,32 +37,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     rows = read_metrics(src)
     out = Path(args.out) if args.out else (src if src.is_dir() else src.parent) / "loss.png"
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    # A resumed run repeats the batches after its last checkpoint: the last row of each batch wins.
-    train = sorted({r["batch"]: r["loss"] for r in rows if "loss" in r}.items())
-    val = sorted({r["batch"]: r["val_loss"] for r in rows if "val_loss" in r}.items())
-    xs, ys = zip(*train)
-    smooth = moving_average(list(ys), WINDOW)
-    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
-    ax.plot(xs, ys, color="tab:blue", alpha=0.25, linewidth=0.8, label="train loss")
-    ax.plot(xs, smooth, color="tab:blue", linewidth=1.8, label=f"train loss ({WINDOW}-batch mean)")
-    if val:
-        ax.plot(*zip(*val), "o-", color="tab:orange", label="val loss")
-    ax.set_xlabel("batch")
-    ax.set_ylabel("cross-entropy (nats/token)")
-    ax.set_title(f"{src}")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    with atomic_path(out) as tmp:
-        fig.savefig(tmp, format="png")
-    first, last = sum(ys[:WINDOW]) / len(ys[:WINDOW]), sum(ys[-WINDOW:]) / len(ys[-WINDOW:])
-    print(f"plot_loss: {len(train)} batches, train loss {first:.3f} -> {last:.3f}"
-          + (f", last val loss {val[-1][1]:.3f}" if val else "") + f" -> {out}")
+    print(plot(rows, out, str(src)))
     return 0
 
 

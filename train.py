@@ -35,9 +35,11 @@ Outputs (save_folder, local or s3://; default runs/{run_name}):
                                               the model's shape (model_args) for sample.py and export_hf.py
     model.pt                                  weights-only export for sample.py (same schedule)
     config.json                               the final config, library versions, git commit
-    metrics.jsonl                             one JSON line per batch: loss, lr, tokens, throughput, val loss
+    metrics.jsonl                             one JSON line per batch: loss, lr, tokens, throughput, and at each
+                                              evaluation every eval set's loss and bpb (val_loss, val_bpb, ...)
+    report.md, loss.png                       the run in one page (report.py), written at the end
     logs/{start time}-rank{R}.txt             Composer's file log, one per process and start
-With an s3:// save_folder, config.json, model.pt, metrics.jsonl and the logs are written to runs/{run_name}
+With an s3:// save_folder, config.json, model.pt, metrics.jsonl, the report and the logs go to runs/{run_name}
 locally and uploaded (metrics as logs/{start time}-metrics.jsonl). Re-running with autoresume=True continues
 from the last checkpoint, data position included (metrics.jsonl then repeats the batches after it).
 """
@@ -80,6 +82,7 @@ from pilegpt.extensions import build_algorithms, build_callbacks
 from pilegpt.hf import load_pretrained
 from pilegpt.loaders import build_dataloaders, build_eval_loader, data_tokenizer, eval_batch_size
 from pilegpt.metrics import BitsPerByte, CrossEntropyFromLoss, PerplexityFromLoss, token_bytes
+from pilegpt.report import PLOT, REPORT, write_report
 from pilegpt.resume import existing_checkpoints, set_aside_broken_checkpoints
 from pilegpt.s3 import lost_connection
 from pilegpt.train_config import SHAPE_FIELDS, TrainConfig, config_text, config_values, make_config
@@ -326,7 +329,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise
         raise UserError(line) from None
     trainer.close()
-    if uploads is not None:  # every checkpoint, model.pt and log is in the bucket before "done"
+    if dist.get_global_rank() == 0:  # report.md: what a person reads instead of the logs (report.py)
+        write_report(run_dir)
+        for name in (REPORT, PLOT) if uploads is not None else ():
+            uploads.upload_file_async(remote_name(name), os.path.join(run_dir, name), overwrite=True)
+    if uploads is not None:  # every checkpoint, model.pt, log and the report is in the bucket before "done"
         uploads.finish()
     if dist.get_global_rank() == 0:
         seconds = time.time() - t0

@@ -39,3 +39,6 @@ for ckpt in runs/quickstart/ep0-ba200-rank0.pt runs/quickstart/model.pt; do
 done
 echo "== 5/5 loss curve"
 "$PYTHON" plot_loss.py runs/quickstart
+echo "== done. The run in one page: runs/quickstart/report.md (train.py wrote it). Next:"
+echo "   python eval.py runs/quickstart --task hellaswag --data tests/fixtures/hellaswag_tiny.jsonl --out runs/quickstart/hellaswag.json"
+echo "   python report.py runs/quickstart      # the report again, with eval.py's results in it"
