@@ -219,3 +219,35 @@ def test_training_reports_bpb_named_eval_sets_and_hellaswag_as_eval_py_scores_it
                              "--limit", "20", "--out", str(tmp_path / "h.json")]) == 0
     scored = json.loads((tmp_path / "h.json").read_text())
     assert (scored["acc"], scored["acc_norm"]) == (row["hellaswag_acc"], row["hellaswag_acc_norm"])
+
+
+@pytest.mark.slow
+def test_lm_evaluation_harness_agrees_with_eval_py_on_every_example(tmp_path, monkeypatch):
+    """lm-eval (requirements-eval.txt) through its Python API, offline, on the export_hf folder, with a local task in
+    HellaSwag's format rendered as ours (context, then " " + ending): its acc is ours, example by example."""
+    lm_eval = pytest.importorskip("lm_eval")
+    from lm_eval.tasks import TaskManager
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    torch.manual_seed(5)
+    model = GPT(GPTConfig(block_size=128, vocab_size=50257, n_layer=2, n_head=2, n_embd=32)).eval()
+    save_export(model, tmp_path / "model.pt")
+    export_hf.main([str(tmp_path / "model.pt"), str(tmp_path / "hf")])
+    data = tmp_path / "task" / "data.jsonl"
+    data.parent.mkdir()
+    data.write_text("\n".join(TINY.read_text().splitlines()[:24]) + "\n")
+    (tmp_path / "task" / "tiny_hellaswag.yaml").write_text(
+        "task: tiny_hellaswag\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
+        f"    test: {data}\ntest_split: test\noutput_type: multiple_choice\ndoc_to_text: \"{{{{ctx}}}}\"\n"
+        "doc_to_target: \"{{label}}\"\ndoc_to_choice: \"{{endings}}\"\ntarget_delimiter: \" \"\n"
+        "metric_list:\n  - metric: acc\n")
+    results = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={tmp_path / 'hf'}", tasks=["tiny_hellaswag"],
+                                      task_manager=TaskManager(include_path=str(tmp_path / "task")), log_samples=True,
+                                      batch_size=4, device="cpu")
+    theirs = {s["doc_id"]: s["acc"] for s in results["samples"]["tiny_hellaswag"]}
+    assert eval_script.main([str(tmp_path / "model.pt"), "--task", "hellaswag", "--data", str(data), "--out",
+                             str(tmp_path / "ours.json")]) == 0
+    ours = {p["ind"]: float(p["pred"] == p["label"]) for p in json.loads((tmp_path / "ours.json").read_text())[
+        "predictions"]}
+    assert len(ours) == 24 and theirs == ours
