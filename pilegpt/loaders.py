@@ -29,6 +29,7 @@ from pilegpt.data import (
     TO_MDS_META,
     Meta,
     check_token_range,
+    ids_outside,
     listed_shards,
     nanogpt_meta,
     num_windows,
@@ -135,8 +136,9 @@ def collate_mds(samples: list[dict], vocab_size: Optional[int] = None) -> dict:
     x, y = (np.stack([s[k] for s in samples]) for k in ("x", "y"))
     if vocab_size is not None:
         for arr in (x, y):
-            if arr.size and (arr.max() >= vocab_size or arr.min() < 0):
-                bad = arr.max() if arr.max() >= vocab_size else arr.min()
+            outside = ids_outside(arr, vocab_size)
+            if outside is not None and outside.any():
+                bad = arr[outside].flat[0]
                 raise UserError(f"the MDS data holds token id {bad}, outside the model's vocab_size {vocab_size}: "
                                 "was it made with another tokenizer? pass the right --vocab_size or re-run to_mds.py")
     return {"x": torch.from_numpy(x.astype(np.int64)), "y": torch.from_numpy(y.astype(np.int64))}
