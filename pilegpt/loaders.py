@@ -286,6 +286,10 @@ def build_dataloaders(cfg, world_size: int, rank: int, pin_memory: bool):
             raise UserError(f"no MDS train split: expected train/{INDEX_NAME} under {mds_roots(cfg)} "
                             f"(to_mds.py --out ROOT writes ROOT/train)")
         check_sample_length(train_set, cfg.block_size, f"MDS {mds_roots(cfg)}")
+        if train_set.epoch_size < cfg.global_batch_size:  # Streaming would then yield no batch at all (or hang)
+            raise UserError(f"the MDS train split of {mds_roots(cfg)} has {train_set.epoch_size} samples of "
+                            f"{cfg.block_size} tokens, fewer than one global batch ({cfg.global_batch_size}): lower "
+                            "--global_batch_size or use more data")
         collate = functools.partial(collate_mds, vocab_size=cfg.vocab_size)
         train = DataLoader(train_set, batch_size=per_rank, collate_fn=collate, drop_last=True, **loader_args)
         val_set = mds_split(cfg, "val", eval_bs, shuffle=False)

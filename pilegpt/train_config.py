@@ -143,10 +143,17 @@ class TrainConfig:
         units = {}
         for name in ("warmup", "max_duration", "eval_interval", "save_interval"):
             try:
-                units[name] = Time.from_timestring(getattr(self, name)).unit
+                parsed = Time.from_timestring(getattr(self, name))
             except (ValueError, TypeError) as e:
                 errors.append(f"{name}={getattr(self, name)!r} is not a Composer time string like '1000ba', "
                               f"'10000000tok', '1ep' or '0.1dur' ({e})")
+                continue
+            units[name] = parsed.unit
+            if name in ("max_duration", "eval_interval") and parsed.value <= 0:  # 0: no training / no evaluation
+                errors.append(f"{name}={getattr(self, name)!r} must be more than 0, e.g. "
+                              f"'{'1000ba' if name == 'eval_interval' else '19073ba'}'"
+                              + (" (a dataset without a val split trains without evaluation)"
+                                 if name == "eval_interval" else ""))
         if units.get("max_duration") == TimeUnit.DURATION:
             errors.append("max_duration cannot be in 'dur' (a fraction of itself)")
         elif "warmup" in units and "max_duration" in units:

@@ -171,6 +171,18 @@ def test_user_errors_exit_2_with_one_line(capsys):
     assert err.count("\n") == 1 and err.startswith("error: ") and "did you mean n_layer" in err
 
 
+@pytest.mark.parametrize("setting, message", [
+    ("--max_duration=0ba", "max_duration='0ba' must be more than 0"),  # said "already trained for 0ba"
+    ("--eval_interval=0", "eval_interval='0' must be more than 0"),  # turned evaluation off without a word
+])
+def test_a_zero_duration_or_eval_interval_is_refused_before_training(tmp_path, capsys, setting, message):
+    with pytest.raises(SystemExit) as e:
+        train.run_main(train.main, [*DATA, setting, f"--save_folder={tmp_path / 'run'}"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and message in err, err
+    assert not (tmp_path / "run").exists()
+
+
 def test_help_lists_every_setting_with_its_comment():
     result = subprocess.run([sys.executable, str(REPO / "train.py"), "--help"], capture_output=True, text=True,
                             timeout=60)
