@@ -303,41 +303,48 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             parallelism_config={"fsdp": {"sharding_strategy": "FULL_SHARD", "mixed_precision": "DEFAULT",
                                          "state_dict_type": "full"}} if cfg.fsdp else None,
             save_folder=save_folder, save_interval=cfg.save_interval, save_overwrite=cfg.save_overwrite,
-            save_num_checkpoints_to_keep=cfg.save_num_checkpoints_to_keep,
+            # an s3:// run keeps no local copies: each checkpoint leaves the saver's folder for the upload (uploads.py)
+            save_num_checkpoints_to_keep=cfg.save_num_checkpoints_to_keep if uploads is None else -1,
             autoresume=cfg.autoresume, run_name=cfg.run_name, seed=cfg.seed,
             callbacks=callbacks, loggers=loggers, progress_bar=cfg.progress_bar, log_to_console=False,
         )
-    if dist.get_global_rank() == 0:  # the run's config, versions and commit, beside its checkpoints
-        config_path = os.path.join(run_dir, CONFIG_JSON)
-        atomic_write_text(config_path, mask_secrets(json.dumps(run_info(cfg, world_size, device, precision),
-                                                               indent=2)) + "\n")
-        if remote:
-            trainer.logger.upload_file(remote_name(CONFIG_JSON), config_path, overwrite=True)
-    trainer.logger.log_hyperparameters(dataclasses.asdict(cfg))  # every setting, to W&B / MLflow / TensorBoard
-
-    # Train
-    state = trainer.state
-    if state.timestamp.get(state.max_duration.unit) >= state.max_duration:
-        if dist.get_global_rank() == 0:
-            print(f"{cfg.run_name}: already trained for {state.max_duration} (checkpoint in {save_folder}); "
-                  f"nothing to do. Raise --max_duration to train longer.", flush=True)
-        trainer.close()
-        if uploads is not None:
-            uploads.finish()
-        return 0
-    start_batch, start_tokens, t0 = int(state.timestamp.batch), int(state.timestamp.token), time.time()
-    if start_batch and dist.get_global_rank() == 0:
-        print(f"{cfg.run_name}: resuming from the checkpoint at batch {start_batch} ({start_tokens:,} tokens) "
-              f"in {save_folder}, training to {state.max_duration}", flush=True)
+    if uploads is not None:
+        uploads.take_saver_copies(trainer, remote.prefix)
     try:
-        trainer.fit()
-    except Exception as e:  # a lost S3 connection is one line, not a traceback
-        if isinstance(e, UserError) or (line := lost_connection(e, "to S3 during training")) is None:
-            raise
-        raise UserError(line) from None
-    trainer.close()
-    if uploads is not None:  # every checkpoint, model.pt and log is in the bucket before "done"
-        uploads.finish()
+        if dist.get_global_rank() == 0:  # the run's config, versions and commit, beside its checkpoints
+            config_path = os.path.join(run_dir, CONFIG_JSON)
+            atomic_write_text(config_path, mask_secrets(json.dumps(run_info(cfg, world_size, device, precision),
+                                                                   indent=2)) + "\n")
+            if remote:
+                trainer.logger.upload_file(remote_name(CONFIG_JSON), config_path, overwrite=True)
+        trainer.logger.log_hyperparameters(dataclasses.asdict(cfg))  # every setting, to W&B / MLflow / TensorBoard
+
+        # Train
+        state = trainer.state
+        if state.timestamp.get(state.max_duration.unit) >= state.max_duration:
+            if dist.get_global_rank() == 0:
+                print(f"{cfg.run_name}: already trained for {state.max_duration} (checkpoint in {save_folder}); "
+                      f"nothing to do. Raise --max_duration to train longer.", flush=True)
+            trainer.close()
+            if uploads is not None:
+                uploads.finish()
+            return 0
+        start_batch, start_tokens, t0 = int(state.timestamp.batch), int(state.timestamp.token), time.time()
+        if start_batch and dist.get_global_rank() == 0:
+            print(f"{cfg.run_name}: resuming from the checkpoint at batch {start_batch} ({start_tokens:,} tokens) "
+                  f"in {save_folder}, training to {state.max_duration}", flush=True)
+        try:
+            trainer.fit()
+        except Exception as e:  # a lost S3 connection is one line, not a traceback
+            if isinstance(e, UserError) or (line := lost_connection(e, "to S3 during training")) is None:
+                raise
+            raise UserError(line) from None
+        trainer.close()
+        if uploads is not None:  # every checkpoint, model.pt and log is in the bucket before "done"
+            uploads.finish()
+    finally:
+        if uploads is not None:  # the local copies go, also when the run fails
+            uploads.close()
     if dist.get_global_rank() == 0:
         seconds = time.time() - t0
         batches, tokens = int(state.timestamp.batch) - start_batch, int(state.timestamp.token) - start_tokens

@@ -81,7 +81,7 @@ class TrainConfig:
     run_name: Optional[str] = None  # name of the run; None = the last config file's name (e.g. "pile")
     save_folder: str = "runs/{run_name}"  # checkpoints, export, config and logs: local folder or s3://bucket/prefix
     save_interval: str = "1000ba"  # checkpoint (and model.pt export) this often, and at the end
-    save_num_checkpoints_to_keep: int = -1  # local checkpoints kept; -1 = all
+    save_num_checkpoints_to_keep: int = -1  # local checkpoints kept; -1 = all (an s3:// run keeps none locally)
     save_overwrite: bool = False  # allow a new run to overwrite checkpoints already in save_folder
     autoresume: bool = False  # continue from the last checkpoint in save_folder when there is one
     progress_bar: bool = True  # Composer's progress bar; False prints one line every log_interval batches

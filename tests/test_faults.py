@@ -141,3 +141,43 @@ def test_losing_s3_mid_training_stops_with_one_line_and_resumes_from_the_bucket(
             proc.kill()
             proc.wait()
         stop(server)
+
+
+@pytest.mark.s3
+def test_s3_runs_leave_no_local_checkpoint_copies_and_autoresume_survives_throttling(data_dir, tmp_path):
+    """Composer kept a local copy of every checkpoint of an s3:// run in a temporary folder, and looked the
+    autoresume checkpoint up through its own S3 client (3 tries): 503 SlowDown on a read's first 3 tries failed
+    the resume with a traceback. Now each copy goes once uploaded (also when the run fails) and every request
+    takes s3.py's policy (5 tries)."""
+    from helpers import ThrottlingProxy
+
+    server, s3 = start_s3_server(tmp_path / "s3")
+    proxy = ThrottlingProxy(s3.endpoint_url, refusals=3)
+    scratch = tmp_path / "tmp"  # the runs' TMPDIR, where Composer's saver keeps its local copies
+    scratch.mkdir()
+    env = {**os.environ, **s3.env(), "TMPDIR": str(scratch), "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": str(REPO / "tests")}
+    args = [sys.executable, str(REPO / "train.py"), *ARGS, f"--data_dir={data_dir}", "--save_interval=2ba",
+            "--eval_interval=400ba", f"--save_folder=s3://{s3.bucket}/runs/disk"]
+    bucket = tmp_path / "s3" / s3.bucket / "runs" / "disk"
+    try:
+        first = subprocess.run([*args, "--max_duration=4ba"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                               timeout=300)
+        assert first.returncode == 0, first.stderr[-3000:]
+        assert sorted(p.name for p in bucket.glob("ep*.pt")) == ["ep0-ba2-rank0.pt", "ep0-ba4-rank0.pt"]
+        assert [p for p in scratch.rglob("*") if not p.is_dir()] == []
+        assert list(scratch.iterdir()) == []
+
+        throttled = {**env, "AWS_ENDPOINT_URL": proxy.endpoint_url, "S3_ENDPOINT_URL": proxy.endpoint_url}
+        second = subprocess.run([*args, "--max_duration=8ba", "--autoresume=True",
+                                 "--callbacks={'faults:FailAtBatch': {'batch': 7}}"], cwd=tmp_path, env=throttled,
+                                capture_output=True, text=True, timeout=300)
+        assert "resuming from the checkpoint at batch 4 " in second.stdout, second.stderr[-3000:]
+        assert second.returncode == 1 and "injected failure at batch 7" in second.stderr, second.stderr[-3000:]
+        assert proxy.throttled >= 9  # the lookup of the pointer and the checkpoint, and resume.py's listing
+        assert (bucket / "ep0-ba6-rank0.pt").is_file()  # uploaded before the failure
+        assert [p for p in scratch.rglob("*") if not p.is_dir()] == []
+        assert list(scratch.iterdir()) == []
+    finally:
+        proxy.shutdown()
+        stop(server)
