@@ -174,6 +174,15 @@ class TrainConfig:
         if storage.scheme(self.save_folder) not in ("", "s3"):
             errors.append(f"save_folder={self.save_folder!r}: a local folder or s3://bucket/prefix (any "
                           "S3-compatible store through AWS_ENDPOINT_URL); other stores are not supported")
+        remotes = [self.data_remote] if isinstance(self.data_remote, str) else self.data_remote or []
+        for root in remotes:  # Streaming reads a remote root with urlparse too
+            if storage.is_remote(root) and storage.read_as_url_elsewhere(root):
+                errors.append(f"data_remote {root!r}: Streaming reads it as a URL, where '#', '?' and ';' end the "
+                              "path; upload the dataset under a prefix without them")
+        folder = self.save_folder.replace("{run_name}", str(self.run_name))
+        if storage.read_as_url_elsewhere(folder):
+            errors.append(f"save_folder {folder!r}: Composer reads it as a URL, where '#', '?' and ';' end the path "
+                          "and 'name:' is a scheme; choose a --save_folder / --run_name without them")
         if self.autoresume and not self.run_name:
             errors.append("autoresume needs a run_name: the name that finds the run's checkpoints again")
         if self.log_interval < 1 or self.speed_window < 1:
