@@ -76,7 +76,16 @@ from model import GPT, Block, GPTConfig
 from pilegpt import storage
 from pilegpt.callbacks import ExportModel, MetricsLog, SampleText, StopOnNonFinite, build_loggers
 from pilegpt.checkpoint import EXPORT_NAME
-from pilegpt.common import UserError, atomic_write_text, load_dotenv_file, mask_secrets, run_main, tune_glibc_malloc
+from pilegpt.common import (
+    UserError,
+    atomic_write_text,
+    check_writable_folder,
+    failed_write,
+    load_dotenv_file,
+    mask_secrets,
+    run_main,
+    tune_glibc_malloc,
+)
 from pilegpt.extensions import build_algorithms, build_callbacks
 from pilegpt.hf import load_pretrained
 from pilegpt.loaders import build_dataloaders
@@ -224,6 +233,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     def remote_name(name: str) -> Optional[str]:  # noqa: E306  the object key of a run file, when remote
         return remote.key(name) if remote else None
     run_dir = os.path.join("runs", cfg.run_name or "run") if remote else save_folder
+    check_writable_folder(run_dir, "save_folder" if run_dir == save_folder else "the run's local folder",
+                          "choose another --save_folder or --run_name" if run_dir == save_folder else
+                          "run train.py from a folder you can write in")
     if cfg.autoresume:  # a kill during a checkpoint write leaves a truncated file that autoresume trips over
         if rank == 0 and (note := set_aside_broken_checkpoints(save_folder)):
             print(f"{cfg.run_name}: {note}", flush=True)
@@ -335,8 +347,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   f"in {save_folder}, training to {state.max_duration}", flush=True)
         try:
             trainer.fit()
-        except Exception as e:  # a lost S3 connection is one line, not a traceback
-            if isinstance(e, UserError) or (line := lost_connection(e, "to S3 during training")) is None:
+        except Exception as e:  # a lost S3 connection or a full disk is one line, not a traceback
+            if isinstance(e, UserError):
+                raise
+            if (full := failed_write(e, save_folder if not remote else run_dir)) is not None:
+                raise UserError(f"{full}: free space on that disk (or choose another --save_folder), then re-run "
+                                "with --autoresume=True: it continues from the last whole checkpoint") from None
+            if (line := lost_connection(e, "to S3 during training")) is None:
                 raise
             raise UserError(line) from None
         trainer.close()

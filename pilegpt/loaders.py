@@ -22,7 +22,7 @@ from typing import Optional
 import numpy as np
 
 from pilegpt import compat, storage
-from pilegpt.common import UserError
+from pilegpt.common import UserError, check_writable_folder
 from pilegpt.data import (
     INDEX_NAME,
     META_NAME,
@@ -281,6 +281,7 @@ def build_dataloaders(cfg, world_size: int, rank: int, pin_memory: bool):
             val = DataLoader(val_set, batch_size=eval_bs, sampler=val_sampler, **loader_args)
     else:
         compat.clean_stale_shared_memory()  # shared memory left by a crashed run breaks the next one
+        check_writable_folder(cfg.data_local, "data_local", "pass another --data_local (the local MDS cache)")
         train_set = mds_split(cfg, "train", per_rank, shuffle=True)
         if train_set is None:
             raise UserError(f"no MDS train split: expected train/{INDEX_NAME} under {mds_roots(cfg)} "

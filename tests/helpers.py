@@ -7,6 +7,7 @@ under pytest; the benchmarks put it there themselves).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.client
 import http.server
@@ -92,6 +93,29 @@ def write_mds(out: Path, tokens: np.ndarray, block_size: int, max_samples: Optio
     if vocab_size is not None:
         (out / "to_mds.json").write_text(json.dumps({"block_size": block_size, "vocab_size": vocab_size}))
     return len(starts)
+
+
+@contextlib.contextmanager
+def tmpfs(folder: Path, size: str = "30m", readonly: bool = False):
+    """A tmpfs of `size` mounted on folder (a small disk to fill, or a read-only one), unmounted after. Mounting needs
+    root (as root, chmod does not stop writes, so this is how a test gets a folder it cannot write): the test is
+    skipped where mount is refused."""
+    import pytest
+
+    folder.mkdir(parents=True, exist_ok=True)
+    options = f"size={size}" + (",ro" if readonly else "")
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=True)
+
+
+def remount(folder: Path, size: str) -> None:
+    """Resize the tmpfs on folder (space freed)."""
+    subprocess.run(["mount", "-o", f"remount,size={size}", str(folder)], check=True)
 
 
 # ----------------------------------------------------------------------------------------------------------
