@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Callable
 
 from pilegpt.checkpoint import add_load_arguments, load_model
-from pilegpt.common import UserError, load_dotenv_file, run_main
+from pilegpt.common import UserError, check_writable_folder, load_dotenv_file, run_main
 from pilegpt.hf import to_hf
 from pilegpt.tokenizer import EOT, EOT_ID, GPT2_VOCAB_SIZE, gpt2
 
@@ -167,6 +167,7 @@ def main(argv=None) -> int:
     load_dotenv_file()
     out_dir = Path(args.out_dir)
     refuse_existing(out_dir, args.overwrite)  # before reading a model that may be gigabytes
+    check_writable_folder(out_dir, "OUT_DIR", "choose another OUT_DIR", beside=True)  # the export is staged beside it
     model = load_model(args.src, n_head=args.n_head, endpoint_url=args.endpoint_url)
     export(model, out_dir, overwrite=args.overwrite)
     cfg = model.config

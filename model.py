@@ -217,7 +217,11 @@ class GPT(nn.Module):
 def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None) -> torch.Tensor:
     """One token id per row of logits (B, V), drawn from softmax(logits / temperature) restricted to the top_k
     most likely tokens (None: all of them); returns (B, 1)."""
-    logits = logits / temperature
+    scaled = logits / temperature
+    if not torch.isfinite(scaled).all():  # a tiny temperature overflows: scale the gaps to each row's max instead
+        gaps = logits - logits.amax(dim=-1, keepdim=True)  # <= 0: the likeliest token 0, the others -inf at worst
+        scaled = torch.where(gaps == 0, 0.0, gaps / temperature)  # (0 / 0 when temperature rounds to 0 in fp32)
+    logits = scaled
     if top_k is not None:
         v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
         logits[logits < v[:, [-1]]] = -float("inf")

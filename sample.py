@@ -37,7 +37,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--checkpoint", required=True,
                    help="model.pt export, Composer checkpoint file, or run folder; local path or s3://bucket/key")
     p.add_argument("--prompt", default=EOT, help=f"text to continue (default {EOT}: the start of a new document)")
-    p.add_argument("--num-samples", type=int, default=1, help="how many samples, generated as one batch (default 1)")
+    p.add_argument("--num-samples", type=int, default=1, help="how many samples (default 1)")
+    p.add_argument("--batch-size", type=int, default=64,
+                   help="samples generated at once; memory grows with it, not with --num-samples (default 64)")
     p.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate per sample (default 200)")
     p.add_argument("--temperature", type=float, default=0.8, help="> 0; below 1 is more conservative (default 0.8)")
     p.add_argument("--top-k", type=int, default=200,
@@ -46,7 +48,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda when available)")
     add_load_arguments(p)
     args = p.parse_args(argv)
-    for name in ("num_samples", "max_new_tokens"):
+    for name in ("num_samples", "batch_size", "max_new_tokens"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.top_k < 0:
@@ -94,19 +96,26 @@ def main(argv=None) -> int:
     torch.manual_seed(args.seed)
     if device.type == "cuda":
         torch.cuda.manual_seed_all(args.seed)
-    idx = torch.tensor([prompt] * args.num_samples, dtype=torch.long, device=device)  # (N, T)
     top_k = args.top_k or None
     from tqdm import tqdm
 
     start = time.perf_counter()
-    # One token per call so the bar moves; the same RNG draws as one generate(idx, max_new_tokens) call.
-    for _ in tqdm(range(args.max_new_tokens), desc="generate", unit="tok", file=sys.stderr, leave=False):
-        idx = model.generate(idx, 1, temperature=args.temperature, top_k=top_k)
+    # Batches of --batch-size rows, each printed when done: memory does not grow with --num-samples. Up to one
+    # batch of samples, the same RNG draws as one generate(idx, max_new_tokens) call.
+    batches = range(0, args.num_samples, args.batch_size)  # the first sample of each
+    bar = tqdm(total=len(batches) * args.max_new_tokens, desc="generate", unit="tok", file=sys.stderr, leave=False)
+    for first in batches:
+        rows = min(args.batch_size, args.num_samples - first)
+        idx = torch.tensor([prompt] * rows, dtype=torch.long, device=device)  # (B, T)
+        for _ in range(args.max_new_tokens):  # one token per call, so the bar moves
+            idx = model.generate(idx, 1, temperature=args.temperature, top_k=top_k)
+            bar.update()
+        for row in idx.tolist():
+            print(decode(row))
+            print(SEPARATOR)
+        sys.stdout.flush()
+    bar.close()
     seconds = time.perf_counter() - start
-    for row in idx.tolist():
-        print(decode(row))
-        print(SEPARATOR)
-    sys.stdout.flush()
     new_tokens = args.num_samples * args.max_new_tokens
     print(f"sampled {args.num_samples} x {args.max_new_tokens} tokens from a {model.num_params() / 1e6:.2f}M-parameter "
           f"model on {device} in {seconds:.1f} s ({new_tokens / max(seconds, 1e-9):.0f} tokens/s)", file=sys.stderr)

@@ -57,7 +57,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from pilegpt import compat, s3
-from pilegpt.common import UserError, load_dotenv_file, run_main, setup_logging
+from pilegpt.common import UserError, check_writable_folder, load_dotenv_file, run_main, setup_logging
 from pilegpt.data import INDEX_NAME, META_NAME, SPLITS, TOKEN_DTYPES, Meta, count_tokens
 from pilegpt.mds_publish import clean_stale_local, is_dataset_dir, local_exists, publish_local, publish_remote
 from pilegpt.mds_verify import load_spec, verify_split
@@ -221,6 +221,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         remote.check()  # the bucket and the credentials, before any work
 
     if out is not None:
+        check_writable_folder(out, "--out", "choose another folder", beside=True)  # the dataset is staged beside it
         clean_stale_local(out)
     exists_local = out is not None and local_exists(out)
     exists_remote = remote is not None and any(remote.child(j.sub).exists(INDEX_NAME) for j in jobs)

@@ -77,7 +77,16 @@ from model import GPT, Block, GPTConfig
 from pilegpt import storage
 from pilegpt.callbacks import ExportModel, HellaSwagEval, MetricsLog, SampleText, StopOnNonFinite, build_loggers
 from pilegpt.checkpoint import EXPORT_NAME
-from pilegpt.common import UserError, atomic_write_text, load_dotenv_file, mask_secrets, run_main, tune_glibc_malloc
+from pilegpt.common import (
+    UserError,
+    atomic_write_text,
+    check_writable_folder,
+    failed_write,
+    load_dotenv_file,
+    mask_secrets,
+    run_main,
+    tune_glibc_malloc,
+)
 from pilegpt.extensions import build_algorithms, build_callbacks
 from pilegpt.hf import load_pretrained
 from pilegpt.loaders import build_dataloaders, build_eval_loader, data_tokenizer, eval_batch_size
@@ -214,6 +223,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     def remote_name(name: str) -> Optional[str]:  # noqa: E306  the object key of a run file, when remote
         return remote.key(name) if remote else None
     run_dir = os.path.join("runs", cfg.run_name or "run") if remote else save_folder
+    check_writable_folder(run_dir, "save_folder" if run_dir == save_folder else "the run's local folder",
+                          "choose another --save_folder or --run_name" if run_dir == save_folder else
+                          "run train.py from a folder you can write in")
     if cfg.autoresume:  # a kill during a checkpoint write leaves a truncated file that autoresume trips over
         if rank == 0 and (note := set_aside_broken_checkpoints(save_folder)):
             print(f"{cfg.run_name}: {note}", flush=True)
@@ -296,45 +308,57 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             parallelism_config={"fsdp": {"sharding_strategy": "FULL_SHARD", "mixed_precision": "DEFAULT",
                                          "state_dict_type": "full"}} if cfg.fsdp else None,
             save_folder=save_folder, save_interval=cfg.save_interval, save_overwrite=cfg.save_overwrite,
-            save_num_checkpoints_to_keep=cfg.save_num_checkpoints_to_keep,
+            # an s3:// run keeps no local copies: each checkpoint leaves the saver's folder for the upload (uploads.py)
+            save_num_checkpoints_to_keep=cfg.save_num_checkpoints_to_keep if uploads is None else -1,
             autoresume=cfg.autoresume, run_name=cfg.run_name, seed=cfg.seed,
             callbacks=callbacks, loggers=loggers, progress_bar=cfg.progress_bar, log_to_console=False,
         )
-    if dist.get_global_rank() == 0:  # the run's config, versions and commit, beside its checkpoints
-        config_path = os.path.join(run_dir, CONFIG_JSON)
-        atomic_write_text(config_path, mask_secrets(json.dumps(run_info(cfg, world_size, device, precision),
-                                                               indent=2)) + "\n")
-        if remote:
-            trainer.logger.upload_file(remote_name(CONFIG_JSON), config_path, overwrite=True)
-    trainer.logger.log_hyperparameters(dataclasses.asdict(cfg))  # every setting, to W&B / MLflow / TensorBoard
-
-    # Train
-    state = trainer.state
-    if state.timestamp.get(state.max_duration.unit) >= state.max_duration:
-        if dist.get_global_rank() == 0:
-            print(f"{cfg.run_name}: already trained for {state.max_duration} (checkpoint in {save_folder}); "
-                  f"nothing to do. Raise --max_duration to train longer.", flush=True)
-        trainer.close()
-        if uploads is not None:
-            uploads.finish()
-        return 0
-    start_batch, start_tokens, t0 = int(state.timestamp.batch), int(state.timestamp.token), time.time()
-    if start_batch and dist.get_global_rank() == 0:
-        print(f"{cfg.run_name}: resuming from the checkpoint at batch {start_batch} ({start_tokens:,} tokens) "
-              f"in {save_folder}, training to {state.max_duration}", flush=True)
+    if uploads is not None:
+        uploads.take_saver_copies(trainer, remote.prefix)
     try:
-        trainer.fit()
-    except Exception as e:  # a lost S3 connection is one line, not a traceback
-        if isinstance(e, UserError) or (line := lost_connection(e, "to S3 during training")) is None:
-            raise
-        raise UserError(line) from None
-    trainer.close()
-    if dist.get_global_rank() == 0:  # report.md: what a person reads instead of the logs (report.py)
-        write_report(run_dir)
-        for name in (REPORT, PLOT) if uploads is not None else ():
-            uploads.upload_file_async(remote_name(name), os.path.join(run_dir, name), overwrite=True)
-    if uploads is not None:  # every checkpoint, model.pt, log and the report is in the bucket before "done"
-        uploads.finish()
+        if dist.get_global_rank() == 0:  # the run's config, versions and commit, beside its checkpoints
+            config_path = os.path.join(run_dir, CONFIG_JSON)
+            atomic_write_text(config_path, mask_secrets(json.dumps(run_info(cfg, world_size, device, precision),
+                                                                   indent=2)) + "\n")
+            if remote:
+                trainer.logger.upload_file(remote_name(CONFIG_JSON), config_path, overwrite=True)
+        trainer.logger.log_hyperparameters(dataclasses.asdict(cfg))  # every setting, to W&B / MLflow / TensorBoard
+
+        # Train
+        state = trainer.state
+        if state.timestamp.get(state.max_duration.unit) >= state.max_duration:
+            if dist.get_global_rank() == 0:
+                print(f"{cfg.run_name}: already trained for {state.max_duration} (checkpoint in {save_folder}); "
+                      f"nothing to do. Raise --max_duration to train longer.", flush=True)
+            trainer.close()
+            if uploads is not None:
+                uploads.finish()
+            return 0
+        start_batch, start_tokens, t0 = int(state.timestamp.batch), int(state.timestamp.token), time.time()
+        if start_batch and dist.get_global_rank() == 0:
+            print(f"{cfg.run_name}: resuming from the checkpoint at batch {start_batch} ({start_tokens:,} tokens) "
+                  f"in {save_folder}, training to {state.max_duration}", flush=True)
+        try:
+            trainer.fit()
+        except Exception as e:  # a lost S3 connection or a full disk is one line, not a traceback
+            if isinstance(e, UserError):
+                raise
+            if (full := failed_write(e, save_folder if not remote else run_dir)) is not None:
+                raise UserError(f"{full}: free space on that disk (or choose another --save_folder), then re-run "
+                                "with --autoresume=True: it continues from the last whole checkpoint") from None
+            if (line := lost_connection(e, "to S3 during training")) is None:
+                raise
+            raise UserError(line) from None
+        trainer.close()
+        if dist.get_global_rank() == 0:  # report.md: what a person reads instead of the logs (report.py)
+            write_report(run_dir)
+            for name in (REPORT, PLOT) if uploads is not None else ():
+                uploads.upload_file_async(remote_name(name), os.path.join(run_dir, name), overwrite=True)
+        if uploads is not None:  # every checkpoint, model.pt, log and the report is in the bucket before "done"
+            uploads.finish()
+    finally:
+        if uploads is not None:  # the local copies go, also when the run fails
+            uploads.close()
     if dist.get_global_rank() == 0:
         seconds = time.time() - t0
         batches, tokens = int(state.timestamp.batch) - start_batch, int(state.timestamp.token) - start_tokens

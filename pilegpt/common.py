@@ -11,9 +11,11 @@ Nothing here does work at import time. The pieces:
 from __future__ import annotations
 
 import ctypes
+import errno
 import logging
 import os
 import re
+import shutil
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -60,6 +62,43 @@ def atomic_path(path: str | os.PathLike) -> Iterator[str]:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def check_writable_folder(path: str | os.PathLike, what: str, fix: str, beside: bool = False) -> None:
+    """UserError unless files can be written in folder `path`, or it can be made: its deepest existing part (itself
+    or an ancestor) must be a folder this process may write in; beside=True: the same of its parent (for a folder
+    staged under a temporary name beside it). `what` names the setting, `fix` the remedy; nothing is created (so a
+    refused run leaves nothing behind)."""
+    existing = Path(os.path.abspath(path))
+    existing = existing.parent if beside else existing
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UserError(f"{what} {path}: {existing} is a file, not a folder: {fix}")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        reason = "a read-only file system" if os.statvfs(existing).f_flag & os.ST_RDONLY else "permission denied"
+        raise UserError(f"{what} {path}: cannot write in {existing} ({reason}): {fix}")
+
+
+def failed_write(e: BaseException, folder: str | os.PathLike) -> Optional[str]:
+    """One line for a write into `folder` that failed for want of space (ENOSPC, a quota, a file-size limit), or
+    None for any other error. torch.save says only "file write failed" (then "unexpected pos" while cleaning up): for
+    it the line gives the free space measured, so the user sees whether the disk is full."""
+    seen: list[BaseException] = []
+    while e is not None and e not in seen and len(seen) < 10:
+        seen.append(e)
+        e = e.__cause__ or e.__context__
+    for err in seen:
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            return f"writing {err.filename or folder} failed: {err.strerror} ({errno.errorcode[err.errno]})"
+    if any(isinstance(err, RuntimeError) and "file write failed" in str(err) for err in seen):
+        existing = Path(os.path.abspath(folder))
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        free = shutil.disk_usage(existing).free
+        return (f"writing a checkpoint or model.pt in {folder} failed (torch: file write failed; {free / 1e6:.1f} MB "
+                "free)")
+    return None
 
 
 def fsync(path: str | os.PathLike) -> None:

@@ -33,6 +33,37 @@ def checkpoint_saver_uploads_through(uploader: Any) -> Iterator[None]:
         checkpoint_saver.RemoteUploader = original
 
 
+def s3_object_store(bucket: str, client: Any) -> Any:
+    """Composer's S3ObjectStore for `bucket` that sends its requests through `client` (s3.make_client's).
+
+    Private: S3ObjectStore builds its own boto3 client (adaptive retries, botocore's default attempts) and keeps it
+    as the attribute `client`; no argument takes a client. The Trainer downloads the autoresume checkpoint through
+    this store, so without it that first lookup would have another retry policy than every other S3 request.
+    """
+    from composer.utils.object_store import S3ObjectStore
+
+    store = S3ObjectStore(bucket=bucket)
+    store.client = client
+    return store
+
+
+def checkpoint_saver_local_root(saver: Any, prefix: str) -> str | None:
+    """The temporary folder in which Composer's CheckpointSaver keeps its local copies for a remote save_folder
+    (each checkpoint, the `latest` link, an autoresume download), or None when its folder is not one.
+
+    Private: for a remote folder the saver writes to os.path.join(tempfile.mkdtemp(), PREFIX), kept in its
+    attribute `folder`, and never removes it; the Trainer downloads the autoresume checkpoint there too.
+    """
+    import os
+    import tempfile
+
+    folder = os.path.normpath(saver.folder)
+    root = folder[: -len(prefix)].rstrip(os.sep) if prefix and folder.endswith(os.sep + prefix.strip("/")) else folder
+    if os.path.dirname(root) != os.path.normpath(tempfile.gettempdir()) or not os.path.basename(root).startswith("tmp"):
+        return None
+    return root
+
+
 def activate_ema_weights(algorithm: Any, state: Any) -> None:
     """Swap EMA's averaged weights into the model, as Composer's EMA does itself before a checkpoint.
 

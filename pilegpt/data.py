@@ -161,11 +161,23 @@ def read_windows(tokens: np.ndarray, starts: np.ndarray, T: int) -> tuple[np.nda
     return w[:, :-1], w[:, 1:]
 
 
+def ids_outside(arr: np.ndarray, vocab_size: int) -> Optional[np.ndarray]:
+    """The mask of arr's ids outside [0, vocab_size), or None when its dtype holds no such id (e.g. uint16 with
+    vocab_size 65536). Never compares an array with a value its dtype cannot hold: numpy 2.1 crashes (SIGSEGV)
+    comparing a non-contiguous uint16 view with 65536."""
+    info = np.iinfo(arr.dtype)
+    below, above = info.min < 0, info.max >= vocab_size
+    if not above:
+        return (arr < 0) if below else None
+    limit = arr.dtype.type(vocab_size)
+    return (arr >= limit) | (arr < 0) if below else arr >= limit
+
+
 def check_token_range(x: np.ndarray, y: np.ndarray, starts: np.ndarray, path, vocab_size: int) -> None:
     """UserError naming the first token id outside [0, vocab_size) in these windows (x, plus y's last token)."""
     for arr, shift in ((x, 0), (y[:, -1:], x.shape[1])):
-        bad = (arr >= vocab_size) | (arr < 0) if arr.dtype.kind == "i" else arr >= vocab_size
-        if bad.any():
+        bad = ids_outside(arr, vocab_size)
+        if bad is not None and bad.any():
             k, j = np.argwhere(bad)[0]
             raise UserError(f"{path}: token id {arr[k, j]} at position {starts[k] + j + shift} is out of range "
                             f"for vocab_size {vocab_size}; was the .bin written with another tokenizer? re-run "

@@ -19,7 +19,7 @@ import torch.nn as nn
 from model import GPT
 from pilegpt import storage
 from pilegpt.checkpoint import EXPORT_NAME, gpt_from_weights, load_model, load_model_file, resolve_local, unwrap
-from pilegpt.common import UserError
+from pilegpt.common import UserError, one_line
 from pilegpt.tokenizer import EOT_ID, GPT2_VOCAB_SIZE
 
 HF_GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # OpenAI's GPT-2 on the Hugging Face hub
@@ -100,6 +100,7 @@ def to_hf(model: GPT):
 def load_hf(spec: str, what: str = "init_from") -> GPT:
     """OpenAI's GPT-2 by hub name (downloaded once into the Hugging Face cache) or a local save_pretrained folder."""
     try:
+        from safetensors import SafetensorError
         from transformers import AutoConfig, GPT2LMHeadModel
     except ImportError:
         raise UserError(f"{what}={spec} needs the transformers package: pip install transformers") from None
@@ -110,6 +111,9 @@ def load_hf(spec: str, what: str = "init_from") -> GPT:
         if config.model_type != "gpt2":
             raise UserError(f"{what}={spec} is a {config.model_type!r} model: model.py is GPT-2 only")
         hf_model = GPT2LMHeadModel.from_pretrained(spec, config=config, local_files_only=offline)
+    except SafetensorError as e:  # a truncated or damaged model.safetensors
+        raise UserError(f"init_from={spec}: its .safetensors weights cannot be read ({one_line(e)}): the file is "
+                        "damaged or incomplete; copy the folder again or re-save it with save_pretrained") from None
     except OSError as e:  # transformers' error for missing files and for a hub it cannot reach
         reason = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
         if local:

@@ -23,13 +23,14 @@ from typing import Optional
 import numpy as np
 
 from pilegpt import compat, storage
-from pilegpt.common import UserError
+from pilegpt.common import UserError, check_writable_folder
 from pilegpt.data import (
     INDEX_NAME,
     META_NAME,
     TO_MDS_META,
     Meta,
     check_token_range,
+    ids_outside,
     listed_shards,
     nanogpt_meta,
     num_windows,
@@ -136,8 +137,9 @@ def collate_mds(samples: list[dict], vocab_size: Optional[int] = None) -> dict:
     x, y = (np.stack([s[k] for s in samples]) for k in ("x", "y"))
     if vocab_size is not None:
         for arr in (x, y):
-            if arr.size and (arr.max() >= vocab_size or arr.min() < 0):
-                bad = arr.max() if arr.max() >= vocab_size else arr.min()
+            outside = ids_outside(arr, vocab_size)
+            if outside is not None and outside.any():
+                bad = arr[outside].flat[0]
                 raise UserError(f"the MDS data holds token id {bad}, outside the model's vocab_size {vocab_size}: "
                                 "was it made with another tokenizer? pass the right --vocab_size or re-run to_mds.py")
     return {"x": torch.from_numpy(x.astype(np.int64)), "y": torch.from_numpy(y.astype(np.int64))}
@@ -269,11 +271,16 @@ def build_dataloaders(cfg, world_size: int, rank: int, pin_memory: bool):
             val = DataLoader(val_set, batch_size=eval_bs, sampler=val_sampler, **loader_args)
     else:
         compat.clean_stale_shared_memory()  # shared memory left by a crashed run breaks the next one
+        check_writable_folder(cfg.data_local, "data_local", "pass another --data_local (the local MDS cache)")
         train_set = mds_split(cfg, "train", per_rank, shuffle=True)
         if train_set is None:
             raise UserError(f"no MDS train split: expected train/{INDEX_NAME} under {mds_roots(cfg)} "
                             f"(to_mds.py --out ROOT writes ROOT/train)")
         check_sample_length(train_set, cfg.block_size, f"MDS {mds_roots(cfg)}")
+        if train_set.epoch_size < cfg.global_batch_size:  # Streaming would then yield no batch at all (or hang)
+            raise UserError(f"the MDS train split of {mds_roots(cfg)} has {train_set.epoch_size} samples of "
+                            f"{cfg.block_size} tokens, fewer than one global batch ({cfg.global_batch_size}): lower "
+                            "--global_batch_size or use more data")
         collate = functools.partial(collate_mds, vocab_size=cfg.vocab_size)
         train = DataLoader(train_set, batch_size=per_rank, collate_fn=collate, drop_last=True, **loader_args)
         val_set = mds_split(cfg, "val", eval_bs, shuffle=False)

@@ -99,13 +99,32 @@ def kind_of(name: str, text_suffixes: Sequence[str]) -> Optional[str]:
     return None
 
 
+def files_under(root: str) -> list[Path]:
+    """Every file in folder root and its subfolders (symlinked folders are not entered). A folder that cannot be
+    listed or a link to nothing is a UserError: a corpus with files silently left out is worse than none."""
+    def fail(e: OSError) -> None:
+        raise UserError(f"--input {root}: cannot read {e.filename} ({e.strerror}): fix its permissions, or move it "
+                        "out of the folder")
+
+    found = []
+    for folder, _, names in os.walk(root, onerror=fail):
+        for name in names:
+            path = os.path.join(folder, name)
+            if os.path.islink(path) and not os.path.exists(path):
+                raise UserError(f"--input {root}: {path} is a link to nothing ({os.readlink(path)}): remove it or "
+                                "restore its target")
+            if os.path.isfile(path):
+                found.append(Path(path))
+    return found
+
+
 def list_local_inputs(patterns: Sequence[str], text_suffixes: Sequence[str]) -> list[SourceFile]:
     files: dict[str, SourceFile] = {}
     for pattern in patterns:
         pattern = os.path.expanduser(pattern)
         if os.path.isdir(pattern):
             root = Path(pattern)
-            found = sorted(p for p in root.rglob("*") if p.is_file() and kind_of(p.name, text_suffixes))
+            found = sorted(p for p in files_under(pattern) if kind_of(p.name, text_suffixes))
             if not found:
                 raise UserError(f"--input {pattern}: folder holds no .jsonl.zst/.jsonl/.jsonl.gz/"
                                 f"{'/'.join(text_suffixes)} files")
@@ -114,7 +133,10 @@ def list_local_inputs(patterns: Sequence[str], text_suffixes: Sequence[str]) -> 
                 files[str(p.resolve())] = SourceFile(str(p), rel, split_of(rel), p.stat().st_size,
                                                      kind_of(p.name, text_suffixes))
             continue
-        matches = sorted(glob.glob(pattern, recursive=True)) if glob.has_magic(pattern) else [pattern]
+        if os.path.isfile(pattern) or not glob.has_magic(pattern):  # an existing name is never a pattern
+            matches = [pattern]
+        else:
+            matches = sorted(glob.glob(pattern, recursive=True))
         matches = [m for m in matches if os.path.isfile(m)]
         if not matches:
             raise UserError(f"--input {pattern}: no files matched; check the path or quote the glob")

@@ -44,6 +44,18 @@ def is_s3(location: str) -> bool:
     return scheme(location) == "s3"
 
 
+def read_as_url_elsewhere(location: str) -> bool:
+    """Whether urllib.parse.urlparse, which Composer reads a save_folder with, gives another place than `location`:
+    a '#', '?' or ';' in it ends its path there ('runs/ru n#1' is read as 'runs/ru n'), and a local path like
+    'ab:c/d' reads as a URL of scheme 'ab'. Composer has no escape for them: such a location is refused."""
+    import urllib.parse
+
+    parsed = urllib.parse.urlparse(str(location))
+    if is_remote(location):
+        return f"{parsed.scheme}://{parsed.netloc}{parsed.path}" != str(location)
+    return parsed.scheme != "" or parsed.path != str(location)
+
+
 def local_path(location: str) -> str:
     """The local path of a plain path or a file:// URL."""
     return str(location)[len("file://"):] if scheme(location) == "file" else str(location)

@@ -84,7 +84,7 @@ class TrainConfig:
     run_name: Optional[str] = None  # name of the run; None = the last config file's name (e.g. "pile")
     save_folder: str = "runs/{run_name}"  # checkpoints, export, config and logs: local folder or s3://bucket/prefix
     save_interval: str = "1000ba"  # checkpoint (and model.pt export) this often, and at the end
-    save_num_checkpoints_to_keep: int = -1  # local checkpoints kept; -1 = all
+    save_num_checkpoints_to_keep: int = -1  # local checkpoints kept; -1 = all (an s3:// run keeps none locally)
     save_overwrite: bool = False  # allow a new run to overwrite checkpoints already in save_folder
     autoresume: bool = False  # continue from the last checkpoint in save_folder when there is one
     progress_bar: bool = True  # Composer's progress bar; False prints one line every log_interval batches
@@ -146,10 +146,17 @@ class TrainConfig:
         units = {}
         for name in ("warmup", "max_duration", "eval_interval", "save_interval"):
             try:
-                units[name] = Time.from_timestring(getattr(self, name)).unit
+                parsed = Time.from_timestring(getattr(self, name))
             except (ValueError, TypeError) as e:
                 errors.append(f"{name}={getattr(self, name)!r} is not a Composer time string like '1000ba', "
                               f"'10000000tok', '1ep' or '0.1dur' ({e})")
+                continue
+            units[name] = parsed.unit
+            if name in ("max_duration", "eval_interval") and parsed.value <= 0:  # 0: no training / no evaluation
+                errors.append(f"{name}={getattr(self, name)!r} must be more than 0, e.g. "
+                              f"'{'1000ba' if name == 'eval_interval' else '19073ba'}'"
+                              + (" (a dataset without a val split trains without evaluation)"
+                                 if name == "eval_interval" else ""))
         if units.get("max_duration") == TimeUnit.DURATION:
             errors.append("max_duration cannot be in 'dur' (a fraction of itself)")
         elif "warmup" in units and "max_duration" in units:
@@ -178,6 +185,15 @@ class TrainConfig:
         if storage.scheme(self.save_folder) not in ("", "s3"):
             errors.append(f"save_folder={self.save_folder!r}: a local folder or s3://bucket/prefix (any "
                           "S3-compatible store through AWS_ENDPOINT_URL); other stores are not supported")
+        remotes = [self.data_remote] if isinstance(self.data_remote, str) else self.data_remote or []
+        for root in remotes:  # Streaming reads a remote root with urlparse too
+            if storage.is_remote(root) and storage.read_as_url_elsewhere(root):
+                errors.append(f"data_remote {root!r}: Streaming reads it as a URL, where '#', '?' and ';' end the "
+                              "path; upload the dataset under a prefix without them")
+        folder = self.save_folder.replace("{run_name}", str(self.run_name))
+        if storage.read_as_url_elsewhere(folder):
+            errors.append(f"save_folder {folder!r}: Composer reads it as a URL, where '#', '?' and ';' end the path "
+                          "and 'name:' is a scheme; choose a --save_folder / --run_name without them")
         if self.autoresume and not self.run_name:
             errors.append("autoresume needs a run_name: the name that finds the run's checkpoints again")
         if self.log_interval < 1 or self.speed_window < 1:

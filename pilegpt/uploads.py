@@ -8,7 +8,10 @@ and also registers it as the logger destination that takes every other file, so 
 
 - a few threads of this process, storage.py's S3 client (bounded retries and timeouts, one policy for the repo);
 - each file is copied to a staging folder when handed over (the saver may delete or rewrite its own copy), and
-  the copy is deleted once uploaded;
+  the copy is deleted once uploaded; a checkpoint from the saver's own temporary folder is moved there instead
+  (`take_saver_copies`), so an s3:// run keeps no local copy of an uploaded checkpoint, and `close()` removes
+  that folder (with what autoresume downloaded into it) and the staging folder, also when the run fails;
+- the Trainer's autoresume lookup reads the bucket through the same client (`remote_backend`);
 - the first failed upload fails the run at the next batch with one line (UserError naming the file, the cause
   and the fix); uploads queued after it are skipped, so the process exits within the retry budget;
 - `finish()` returns only when every upload is in the bucket: train.py calls it before it reports "done".
@@ -16,7 +19,11 @@ and also registers it as the logger destination that takes every other file, so 
     uploads = S3Uploads("my-bucket")
     with checkpoint_uploads(uploads):
         trainer = Trainer(..., save_folder="s3://my-bucket/runs/x", loggers=[uploads, ...])
-    trainer.fit(); trainer.close(); uploads.finish()
+    uploads.take_saver_copies(trainer, "runs/x")
+    try:
+        trainer.fit(); trainer.close(); uploads.finish()
+    finally:
+        uploads.close()
 """
 
 from __future__ import annotations
@@ -60,6 +67,7 @@ class S3Uploads(LoggerDestination):
         self._failed = threading.Event()
         self._closed = False
         self._backend = None
+        self._saver_root: Optional[str] = None  # the saver's temporary folder: its files are ours to move
 
     # -- the queue ------------------------------------------------------------------------------------------
     def upload_file_async(self, remote_file_name: str, file_path, overwrite: bool) -> Future:
@@ -69,7 +77,10 @@ class S3Uploads(LoggerDestination):
             future.set_exception(UploadSkipped(f"s3://{self.bucket}/{key} not uploaded: an earlier upload failed"))
             return future
         staged = os.path.join(self._staging, uuid.uuid4().hex)
-        shutil.copy2(file_path, staged)  # the file as it is now: the saver rotates checkpoints, logs grow
+        if self._is_saver_copy(file_path):  # the saver never reads its checkpoint again: no copy stays behind
+            shutil.move(file_path, staged)
+        else:
+            shutil.copy2(file_path, staged)  # the file as it is now: the saver rotates checkpoints, logs grow
         future = self._pool.submit(self._upload, key, staged, overwrite)
         self._futures.append(future)
         self._by_key[key] = future
@@ -122,14 +133,35 @@ class S3Uploads(LoggerDestination):
         uploaded after it, and errors are raised by check_workers, wait and finish, each reported once."""
 
     def finish(self) -> None:
-        """Wait for every upload (raise the first failure), then stop the threads: the run's last call."""
+        """Wait for every upload (raise the first failure), then close: the last call of a run that went well."""
         try:
             self.wait()
         finally:
-            self._closed = True
-            self._pool.shutdown(wait=True)
-            self._checks.shutdown(wait=True)
-            shutil.rmtree(self._staging, ignore_errors=True)
+            self.close()
+
+    def close(self) -> None:
+        """Let the uploads handed over finish (a failing run's are skipped), stop the threads, and remove the
+        local copies: the staging folder and the saver's temporary folder. Any number of times, also on failure."""
+        self._closed = True
+        self._pool.shutdown(wait=True)
+        self._checks.shutdown(wait=True)
+        shutil.rmtree(self._staging, ignore_errors=True)
+        if self._saver_root is not None:
+            shutil.rmtree(self._saver_root, ignore_errors=True)
+
+    def take_saver_copies(self, trainer, prefix: str) -> None:
+        """The checkpoints the Trainer's CheckpointSaver writes into its temporary folder (for an s3:// save_folder
+        with this key prefix) are moved, not copied, when handed over, and the folder is removed by close()."""
+        from composer.callbacks import CheckpointSaver
+
+        for callback in trainer.state.callbacks:
+            if isinstance(callback, CheckpointSaver):
+                self._saver_root = compat.checkpoint_saver_local_root(callback, prefix)
+
+    def _is_saver_copy(self, path) -> bool:
+        path = os.path.abspath(path)
+        return (self._saver_root is not None and not os.path.islink(path)
+                and os.path.commonpath([path, self._saver_root]) == self._saver_root)
 
     # -- what Composer's CheckpointSaver calls besides ------------------------------------------------------
     def init(self, state=None, logger=None) -> None:
@@ -139,11 +171,10 @@ class S3Uploads(LoggerDestination):
 
     @property
     def remote_backend(self):
-        """Composer's object store for this bucket: the Trainer downloads the autoresume checkpoint with it."""
+        """Composer's object store for this bucket: the Trainer downloads the autoresume checkpoint with it. Its
+        requests go through this uploader's client, with s3.py's retries and timeouts like every other request."""
         if self._backend is None:
-            from composer.utils import build_remote_backend
-
-            self._backend = build_remote_backend("s3", {"bucket": self.bucket})
+            self._backend = compat.s3_object_store(self.bucket, self.dir.client)
         return self._backend
 
     def check_remote_files_exist_async(self, remote_checkpoint_file_names: list[str],

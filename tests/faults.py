@@ -36,3 +36,14 @@ class KillDuringCheckpoint(Callback):
 
         torch.save = save
 
+
+
+class FailAtBatch(Callback):
+    """Raises RuntimeError at the end of `batch`: a run that fails after some checkpoints were saved."""
+
+    def __init__(self, batch: int):
+        self.batch = batch
+
+    def batch_end(self, state: State, logger: Logger) -> None:
+        if int(state.timestamp.batch) == self.batch:
+            raise RuntimeError(f"injected failure at batch {self.batch}")

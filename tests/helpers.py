@@ -7,14 +7,19 @@ under pytest; the benchmarks put it there themselves).
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import http.client
+import http.server
 import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Union
@@ -88,6 +93,29 @@ def write_mds(out: Path, tokens: np.ndarray, block_size: int, max_samples: Optio
     if vocab_size is not None:
         (out / "to_mds.json").write_text(json.dumps({"block_size": block_size, "vocab_size": vocab_size}))
     return len(starts)
+
+
+@contextlib.contextmanager
+def tmpfs(folder: Path, size: str = "30m", readonly: bool = False):
+    """A tmpfs of `size` mounted on folder (a small disk to fill, or a read-only one), unmounted after. Mounting needs
+    root (as root, chmod does not stop writes, so this is how a test gets a folder it cannot write): the test is
+    skipped where mount is refused."""
+    import pytest
+
+    folder.mkdir(parents=True, exist_ok=True)
+    options = f"size={size}" + (",ro" if readonly else "")
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=True)
+
+
+def remount(folder: Path, size: str) -> None:
+    """Resize the tmpfs on folder (space freed)."""
+    subprocess.run(["mount", "-o", f"remount,size={size}", str(folder)], check=True)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -207,3 +235,76 @@ def stop(proc: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+class ThrottlingProxy(http.server.ThreadingHTTPServer):
+    """An HTTP proxy on 127.0.0.1 in front of an S3 server that answers `503 SlowDown` (S3's throttling reply) to
+    the first `refusals` tries of every distinct read (GET/HEAD of one path and query); writes pass. Deterministic:
+    a client with more tries than `refusals` per request gets through, one with fewer fails. Stop with shutdown()."""
+
+    def __init__(self, target: str, refusals: int = 3):
+        self.target, self.refusals = urllib.parse.urlparse(target), refusals
+        self.tries: dict[tuple[str, str], int] = {}
+        self.throttled = 0
+        self.lock = threading.Lock()
+        super().__init__(("127.0.0.1", 0), _ProxyHandler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _ProxyHandler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def _body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            parts = []
+            while (size := int(self.rfile.readline().split(b";")[0], 16)):
+                parts.append(self.rfile.read(size))
+                self.rfile.readline()
+            self.rfile.readline()
+            return b"".join(parts)
+        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+    def _handle(self) -> None:
+        proxy: ThrottlingProxy = self.server  # type: ignore[assignment]
+        body = self._body()
+        if self.command in ("GET", "HEAD"):
+            with proxy.lock:
+                tries = proxy.tries[(self.command, self.path)] = proxy.tries.get((self.command, self.path), 0) + 1
+            if tries <= proxy.refusals:
+                with proxy.lock:
+                    proxy.throttled += 1
+                reply = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
+                self.send_response(503)
+                self.send_header("Content-Type", "application/xml")
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(reply)
+                return
+        headers = {k: v for k, v in self.headers.items() if k.lower() != "transfer-encoding"}
+        headers["Content-Length"] = str(len(body))
+        conn = http.client.HTTPConnection(proxy.target.hostname, proxy.target.port, timeout=60)
+        try:
+            conn.request(self.command, self.path, body=body, headers=headers)
+            response = conn.getresponse()
+            data = response.read()
+        finally:
+            conn.close()
+        self.send_response(response.status)
+        for k, v in response.getheaders():
+            if k.lower() not in ("transfer-encoding", "content-length", "connection"):
+                self.send_header(k, v)
+        self.send_header("Content-Length", str(len(data)) if self.command != "HEAD" else
+                         response.getheader("Content-Length", "0"))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _handle

@@ -59,7 +59,35 @@ def test_streaming_dataset_still_has_the_hooks_the_failure_mixin_overrides():
     assert "self._event" in source and "on_exception" in source
 
 
-@pytest.mark.parametrize("name", ["build_remote_backend", "RemoteFilesExistingCheckStatus"])
+def test_composers_s3_object_store_sends_its_requests_through_the_client_we_give(monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
+    ours = object()
+    store = compat.s3_object_store("b", ours)
+    assert store.client is ours
+    from composer.utils.object_store import S3ObjectStore
+
+    source = inspect.getsource(S3ObjectStore)
+    assert "self.client.download_file(" in source and "self.client.get_object(" in source
+
+
+def test_checkpoint_saver_keeps_a_remote_folders_copies_in_a_temporary_folder_we_can_find():
+    import os
+    import tempfile
+
+    from composer.callbacks import CheckpointSaver
+
+    saver = CheckpointSaver(folder="s3://bucket/runs/x")
+    root = compat.checkpoint_saver_local_root(saver, "runs/x")
+    try:
+        assert root is not None and os.path.dirname(root) == tempfile.gettempdir()
+        assert os.path.join(root, "runs", "x") == saver.folder
+        assert compat.checkpoint_saver_local_root(CheckpointSaver(folder="runs/local"), "") is None
+    finally:
+        os.rmdir(root)
+
+
+@pytest.mark.parametrize("name", ["RemoteFilesExistingCheckStatus"])
 def test_composer_exports_what_uploads_py_imports(name):
     import composer.utils
 

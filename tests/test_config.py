@@ -171,6 +171,40 @@ def test_user_errors_exit_2_with_one_line(capsys):
     assert err.count("\n") == 1 and err.startswith("error: ") and "did you mean n_layer" in err
 
 
+@pytest.mark.parametrize("setting, message", [
+    ("--max_duration=0ba", "max_duration='0ba' must be more than 0"),  # said "already trained for 0ba"
+    ("--eval_interval=0", "eval_interval='0' must be more than 0"),  # turned evaluation off without a word
+])
+def test_a_zero_duration_or_eval_interval_is_refused_before_training(tmp_path, capsys, setting, message):
+    with pytest.raises(SystemExit) as e:
+        train.run_main(train.main, [*DATA, setting, f"--save_folder={tmp_path / 'run'}"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and message in err, err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("args, folder", [
+    (["--save_folder=RUNS/ru n#1"], "RUNS/ru n#1"),  # checkpoints went to "ru n", and the resume failed
+    (["--save_folder=RUNS/{run_name}", "--run_name=try?2"], "RUNS/try?2"),
+    (["--save_folder=s3://bucket/runs/a#1"], "s3://bucket/runs/a#1"),  # the upload worked, training failed
+])
+def test_a_save_folder_that_composer_would_read_as_another_place_is_refused(tmp_path, capsys, args, folder):
+    args = [a.replace("RUNS", str(tmp_path / "runs")) for a in args]
+    folder = folder.replace("RUNS", str(tmp_path / "runs"))
+    with pytest.raises(SystemExit) as e:
+        train.run_main(train.main, [*DATA, *args])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1, err
+    assert f"save_folder {folder!r}: Composer reads it as a URL, where '#', '?' and ';' end the path" in err, err
+    assert not (tmp_path / "runs").exists()
+    assert train_config.load_config([*DATA, f"--save_folder={tmp_path / 'runs' / 'ru n, ü & co'}"])  # these are fine
+
+
+def test_an_s3_data_remote_that_streaming_would_read_as_another_prefix_is_refused():
+    with pytest.raises(UserError, match=r"data_remote 's3://b/mds#2': Streaming reads it as a URL"):
+        train_config.load_config(["--data_remote=['s3://b/mds', 's3://b/mds#2']"])
+
+
 def test_help_lists_every_setting_with_its_comment():
     result = subprocess.run([sys.executable, str(REPO / "train.py"), "--help"], capture_output=True, text=True,
                             timeout=60)

@@ -206,3 +206,21 @@ def test_a_damaged_shard_stops_training_with_one_line(tmp_path):
                             capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert f"shard {shard.name} of {root / 'train'} does not match the checksum in its index.json" in result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("duration", ["1ep", "5ba"])
+def test_mds_data_smaller_than_one_global_batch_is_refused_before_training(tmp_path, duration):
+    """3 samples, a global batch of 4: "5ba" waited forever for a batch, "1ep" ended "done: 0 batches" with an
+    untrained model.pt."""
+    root = tmp_path / "mds"
+    assert write_mds(root / "train", np.arange(3 * 32 + 1, dtype=np.uint16), 32, vocab_size=50257) == 3
+    result = subprocess.run([sys.executable, str(REPO / "train.py"), f"--data_dir={root}", *TRAIN,
+                             f"--max_duration={duration}", "--warmup=0ba" if duration == "5ba" else "--warmup=0ep",
+                             f"--save_folder={tmp_path / 'run'}", f"--data_local={tmp_path / 'cache'}"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: the MDS train split of ['{root}'] has 3 samples of 32 tokens, fewer than one global batch (4): "
+        "lower --global_batch_size or use more data")
+    assert not (tmp_path / "run" / "model.pt").exists()

@@ -2,6 +2,7 @@
 truncated checkpoint, a diverging loss, a changed model on resume. Each either resumes or stops with one
 line, and what the user already has is kept."""
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -141,3 +142,104 @@ def test_losing_s3_mid_training_stops_with_one_line_and_resumes_from_the_bucket(
             proc.kill()
             proc.wait()
         stop(server)
+
+
+@pytest.mark.s3
+def test_s3_runs_leave_no_local_checkpoint_copies_and_autoresume_survives_throttling(data_dir, tmp_path):
+    """Composer kept a local copy of every checkpoint of an s3:// run in a temporary folder, and looked the
+    autoresume checkpoint up through its own S3 client (3 tries): 503 SlowDown on a read's first 3 tries failed
+    the resume with a traceback. Now each copy goes once uploaded (also when the run fails) and every request
+    takes s3.py's policy (5 tries)."""
+    from helpers import ThrottlingProxy
+
+    server, s3 = start_s3_server(tmp_path / "s3")
+    proxy = ThrottlingProxy(s3.endpoint_url, refusals=3)
+    scratch = tmp_path / "tmp"  # the runs' TMPDIR, where Composer's saver keeps its local copies
+    scratch.mkdir()
+    env = {**os.environ, **s3.env(), "TMPDIR": str(scratch), "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": str(REPO / "tests")}
+    args = [sys.executable, str(REPO / "train.py"), *ARGS, f"--data_dir={data_dir}", "--save_interval=2ba",
+            "--eval_interval=400ba", f"--save_folder=s3://{s3.bucket}/runs/disk"]
+    bucket = tmp_path / "s3" / s3.bucket / "runs" / "disk"
+    try:
+        first = subprocess.run([*args, "--max_duration=4ba"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                               timeout=300)
+        assert first.returncode == 0, first.stderr[-3000:]
+        assert sorted(p.name for p in bucket.glob("ep*.pt")) == ["ep0-ba2-rank0.pt", "ep0-ba4-rank0.pt"]
+        assert [p for p in scratch.rglob("*") if not p.is_dir()] == []
+        assert list(scratch.iterdir()) == []
+
+        throttled = {**env, "AWS_ENDPOINT_URL": proxy.endpoint_url, "S3_ENDPOINT_URL": proxy.endpoint_url}
+        second = subprocess.run([*args, "--max_duration=8ba", "--autoresume=True",
+                                 "--callbacks={'faults:FailAtBatch': {'batch': 7}}"], cwd=tmp_path, env=throttled,
+                                capture_output=True, text=True, timeout=300)
+        assert "resuming from the checkpoint at batch 4 " in second.stdout, second.stderr[-3000:]
+        assert second.returncode == 1 and "injected failure at batch 7" in second.stderr, second.stderr[-3000:]
+        assert proxy.throttled >= 9  # the lookup of the pointer and the checkpoint, and resume.py's listing
+        assert (bucket / "ep0-ba6-rank0.pt").is_file()  # uploaded before the failure
+        assert [p for p in scratch.rglob("*") if not p.is_dir()] == []
+        assert list(scratch.iterdir()) == []
+    finally:
+        proxy.shutdown()
+        stop(server)
+
+
+def test_a_full_disk_during_a_checkpoint_write_is_one_line_and_the_resume_continues(data_dir, tmp_path):
+    """A 40 MB disk holds the checkpoint of batch 2 (20 MB) and model.pt (6.5 MB), not the checkpoint of batch 4:
+    torch.save failed with a 105-line traceback."""
+    from helpers import remount, tmpfs
+
+    with tmpfs(tmp_path / "disk", size="40m") as disk:
+        args = [*ARGS, f"--data_dir={data_dir}", "--save_interval=2ba", "--eval_interval=400ba",
+                f"--save_folder={disk / 'run'}"]
+        full = train_py(*args, "--max_duration=6ba", cwd=tmp_path)
+        assert full.returncode == 2 and "Traceback" not in full.stderr, full.stderr[-3000:]
+        lines = error_lines(full)  # torch names neither the file nor the cause; where it does not, errno says it
+        assert len(lines) == 1 and lines[0].startswith("error: writing ") and str(disk / "run") in lines[0], lines
+        assert "No space left on device (ENOSPC)" in lines[0] or "file write failed; 0.0 MB free" in lines[0], lines
+        assert lines[0].endswith(": free space on that disk (or choose another --save_folder), then re-run with "
+                                 "--autoresume=True: it continues from the last whole checkpoint")
+        remount(disk, "200m")  # space freed
+        resumed = train_py(*args, "--max_duration=6ba", "--autoresume=True", cwd=tmp_path)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        assert "resuming from the checkpoint at batch 2 " in resumed.stdout and "done: 4 batches" in resumed.stdout
+        assert (disk / "run" / "ep0-ba6-rank0.pt").is_file()
+
+
+@pytest.mark.parametrize("kind", ["under a file", "read-only"])
+def test_folders_that_cannot_be_written_are_one_line_errors_naming_them(data_dir, tmp_path, capsys, kind):
+    import export_hf
+    import to_mds
+    import train
+    from helpers import tmpfs, write_mds
+    from model import GPT, GPTConfig
+    from pilegpt.checkpoint import save_export
+    from pilegpt.common import run_main
+
+    write_mds(tmp_path / "mds" / "train", np.arange(2000, dtype=np.uint16), 32, vocab_size=50257)
+    save_export(GPT(GPTConfig(block_size=16, n_layer=1, n_head=1, n_embd=8)), tmp_path / "model.pt")
+    blocked = tmp_path / "blocked"
+    with contextlib.ExitStack() as stack:
+        if kind == "under a file":
+            blocked.write_text("a file, not a folder")
+            why = f"{blocked} is a file, not a folder"
+        else:
+            stack.enter_context(tmpfs(blocked, size="1m", readonly=True))
+            why = f"cannot write in {blocked} (a read-only file system)"
+        where = blocked / "sub"
+        cases = [
+            (train.main, [f"--data_dir={data_dir}", *ARGS, f"--save_folder={where / 'run'}"],
+             f"save_folder {where / 'run'}: {why}: choose another --save_folder or --run_name"),
+            (train.main, [f"--data_dir={tmp_path / 'mds'}", *ARGS, f"--save_folder={tmp_path / 'run'}",
+                          f"--data_local={where / 'cache'}"],
+             f"data_local {where / 'cache'}: {why}: pass another --data_local"),
+            (to_mds.main, ["--bin", str(data_dir), "--out", str(where / "mds"), "--block-size", "32"],
+             f"--out {where / 'mds'}: {why}: choose another folder"),
+            (export_hf.main, [str(tmp_path / "model.pt"), str(where / "hf")],
+             f"OUT_DIR {where / 'hf'}: {why}: choose another OUT_DIR"),
+        ]
+        for main, argv, message in cases:
+            with pytest.raises(SystemExit) as e:
+                run_main(main, argv)
+            err = capsys.readouterr().err
+            assert e.value.code == 2 and err.count("\n") == 1 and err.startswith(f"error: {message}"), err

@@ -154,6 +154,23 @@ def test_missing_source_is_a_one_line_error(periodic_data, tmp_path):
                     f"--save_folder={tmp_path / 'run'}"])
 
 
+def test_a_truncated_model_safetensors_is_a_one_line_error(hf_folder, periodic_data, tmp_path, capsys):
+    import shutil
+
+    damaged = tmp_path / "copied-halfway"
+    shutil.copytree(hf_folder, damaged)
+    weights = (damaged / "model.safetensors").read_bytes()
+    (damaged / "model.safetensors").write_bytes(weights[: len(weights) // 2])  # a copy cut short
+    with pytest.raises(SystemExit) as e:
+        train.run_main(train.main, [f"--init_from={damaged}", f"--data_dir={periodic_data}", *BATCH,
+                                    f"--save_folder={tmp_path / 'run'}"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"error: init_from={damaged}: its .safetensors weights cannot be read (Error while "
+                          "deserializing header"), err
+    assert "copy the folder again or re-save it with save_pretrained" in err
+
+
 @pytest.mark.slow
 def test_unsupported_hf_settings_are_named(hf_folder, tmp_path):
     from transformers import GPT2Config, GPT2LMHeadModel

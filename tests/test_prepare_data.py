@@ -266,6 +266,49 @@ def test_no_files_matched_is_a_clear_error(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_an_existing_file_whose_name_has_glob_characters_is_read_as_named(tmp_path):
+    path = tmp_path / "notes[v2].txt"  # a glob pattern that matches "notesv.txt", not itself
+    path.write_text("the second version of the notes\n")
+    (tmp_path / "notesv.txt").write_text("another file\n")
+    r = run_cli("--input", path, "--out-dir", tmp_path / "out", "--val-fraction", "0")
+    assert r.returncode == 0, r.stderr
+    assert np.array_equal(read_bin(tmp_path / "out" / "train.bin"), expected_tokens(["the second version of the "
+                                                                                        "notes\n"]))
+
+
+def test_a_link_to_nothing_in_an_input_folder_is_an_error_not_a_skipped_file(tmp_path):
+    corpus = tmp_path / "corpus"
+    (corpus / "part2").mkdir(parents=True)
+    (corpus / "a.txt").write_text("kept\n")
+    (corpus / "part2" / "b.txt").symlink_to(tmp_path / "moved-away.txt")  # unreadable: its target is gone
+    r = run_cli("--input", corpus, "--out-dir", tmp_path / "out")
+    assert_one_line_error(r, f"{corpus / 'part2' / 'b.txt'} is a link to nothing")
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unreadable_subfolder_of_the_input_is_an_error_not_skipped(tmp_path, monkeypatch, capsys):
+    """As root, chmod 000 does not stop reads: the listing of one subfolder fails as it would for a user
+    without permission (os.scandir raises PermissionError). It was skipped, and the run said nothing."""
+    corpus = tmp_path / "corpus"
+    for part in ("part1", "part2", "part3"):
+        (corpus / part).mkdir(parents=True)
+        (corpus / part / "doc.txt").write_text(f"text of {part}\n")
+    real_scandir = os.scandir
+
+    def scandir(path="."):
+        if os.fspath(path).endswith("part2"):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    with pytest.raises(SystemExit) as e:
+        run_main(prepare_data.main, ["--input", str(corpus), "--out-dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1, err
+    assert f"error: --input {corpus}: cannot read {corpus / 'part2'} (Permission denied)" in err
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("case", ["truncated_zst", "malformed_json", "missing_text", "invalid_utf8_jsonl",
                                   "invalid_utf8_txt"])
 def test_bad_input_names_the_file_and_writes_nothing(tmp_path, case):

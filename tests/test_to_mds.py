@@ -283,6 +283,20 @@ def test_cli_error_exit_code_and_single_line(tmp_path):
     assert not (tmp_path / "mds").exists()
 
 
+def test_uint16_bin_with_a_vocabulary_of_every_uint16_id_converts_and_verifies(tmp_path):
+    """--vocab-size 65536 on uint16: every id of the dtype is in the vocabulary (numpy 2.1 crashed, SIGSEGV,
+    comparing a strided uint16 view with 65536); the highest id 65535 reaches the shards."""
+    tokens = np.arange(4097, dtype=np.uint64).astype(np.uint16) * np.uint16(16)  # ids up to 65520
+    tokens[-1] = 65535
+    write_bin(tmp_path / "data", {"train": tokens}, meta=False)
+    proc = subprocess.run([sys.executable, str(REPO / "to_mds.py"), "--bin", str(tmp_path / "data" / "train.bin"),
+                           "--out", str(tmp_path / "mds"), "--block-size", "64", "--dtype", "uint16",
+                           "--vocab-size", "65536", "--verify"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    samples = read_mds(str(tmp_path / "mds"), tmp_path / "cache")
+    assert len(samples) == 64 and int(samples[-1]["y"][-1]) == 65535
+
+
 # ------------------------------------------------------------------------------------------------ overwrite
 
 
