@@ -37,6 +37,7 @@ Outputs (save_folder, local or s3://; default runs/{run_name}):
     config.json                               the final config, library versions, git commit
     metrics.jsonl                             one JSON line per batch: loss, lr, tokens, throughput, val loss
     logs/{start time}-rank{R}.txt             Composer's file log, one per process and start
+    .lock                                     the run that holds the folder, while it runs (pilegpt/lock.py)
 With an s3:// save_folder, config.json, model.pt, metrics.jsonl and the logs are written to runs/{run_name}
 locally and uploaded (metrics as logs/{start time}-metrics.jsonl). Re-running with autoresume=True continues
 from the last checkpoint, data position included (metrics.jsonl then repeats the batches after it).
@@ -73,7 +74,7 @@ from composer.optim import CosineAnnealingWithWarmupScheduler
 from composer.utils import dist, reproducibility
 
 from model import GPT, Block, GPTConfig
-from pilegpt import storage
+from pilegpt import lock, storage
 from pilegpt.callbacks import ExportModel, MetricsLog, SampleText, StopOnNonFinite, build_loggers
 from pilegpt.checkpoint import EXPORT_NAME
 from pilegpt.common import UserError, atomic_write_text, load_dotenv_file, mask_secrets, run_main, tune_glibc_malloc
@@ -204,6 +205,11 @@ def check_same_model(cfg: TrainConfig, run_dir: str, save_folder: str) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    with contextlib.ExitStack() as held:  # what the run holds (its save_folder's lock), released however it ends
+        return run(argv, held)
+
+
+def run(argv: Optional[Sequence[str]], held: contextlib.ExitStack) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     load_dotenv_file()  # before the config files, which may read S3 settings and paths from the environment
     values = config_values(argv)
@@ -224,6 +230,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     def remote_name(name: str) -> Optional[str]:  # noqa: E306  the object key of a run file, when remote
         return remote.key(name) if remote else None
     run_dir = os.path.join("runs", cfg.run_name or "run") if remote else save_folder
+    if rank == 0 and not (storage.is_remote(save_folder) and not storage.is_s3(save_folder)):
+        held.enter_context(lock.hold(save_folder, cfg.run_name))  # a second run into save_folder is refused
     if cfg.autoresume:  # a kill during a checkpoint write leaves a truncated file that autoresume trips over
         if rank == 0 and (note := set_aside_broken_checkpoints(save_folder)):
             print(f"{cfg.run_name}: {note}", flush=True)
