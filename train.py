@@ -38,6 +38,8 @@ Outputs (save_folder, local or s3://; default runs/{run_name}):
     metrics.jsonl                             one JSON line per batch: loss, lr, tokens, throughput, val loss
     logs/{start time}-rank{R}.txt             Composer's file log, one per process and start
     .lock                                     the run that holds the folder, while it runs (pilegpt/lock.py)
+    data.json                                 what the run trains on; autoresume refuses other data
+                                              (pilegpt/data_record.py; data_changed_ok=True if intended)
 With an s3:// save_folder, config.json, model.pt, metrics.jsonl and the logs are written to runs/{run_name}
 locally and uploaded (metrics as logs/{start time}-metrics.jsonl). Re-running with autoresume=True continues
 from the last checkpoint, data position included (metrics.jsonl then repeats the batches after it).
@@ -74,13 +76,13 @@ from composer.optim import CosineAnnealingWithWarmupScheduler
 from composer.utils import dist, reproducibility
 
 from model import GPT, Block, GPTConfig
-from pilegpt import lock, storage
+from pilegpt import data_record, lock, storage
 from pilegpt.callbacks import ExportModel, MetricsLog, SampleText, StopOnNonFinite, build_loggers
 from pilegpt.checkpoint import EXPORT_NAME
 from pilegpt.common import UserError, atomic_write_text, load_dotenv_file, mask_secrets, run_main, tune_glibc_malloc
 from pilegpt.extensions import build_algorithms, build_callbacks
 from pilegpt.hf import load_pretrained
-from pilegpt.loaders import build_dataloaders
+from pilegpt.loaders import build_dataloaders, refresh_mds_cache
 from pilegpt.resume import existing_checkpoints, set_aside_broken_checkpoints
 from pilegpt.s3 import lost_connection
 from pilegpt.train_config import SHAPE_FIELDS, TrainConfig, config_text, config_values, make_config
@@ -244,6 +246,19 @@ def run(argv: Optional[Sequence[str]], held: contextlib.ExitStack) -> int:
                         "continue that run, --save_overwrite=True to start over, or another --run_name/--save_folder")
     if found and cfg.autoresume:
         check_same_model(cfg, run_dir, save_folder)
+    data = data_record.describe(cfg)  # what the run trains on (MDS: every index read, its shard names checked)
+    note = data_record.check_resume(data, save_folder, cfg.data_changed_ok) if found and cfg.autoresume else None
+    if rank == 0:
+        if note:
+            print(note, flush=True)
+        data_record.write(data, save_folder)
+    if data["format"] == "mds":  # a cache of an older version of the data is emptied before Streaming reads it
+        if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+            for cache in refresh_mds_cache(cfg):
+                print(f"note: {cache} held shards of an older version of the data: emptied, to be read again")
+        if world_size > 1:
+            dist.initialize_dist(device)
+            dist.barrier()
     if source is not None and cfg.autoresume and found:  # the checkpoint wins
         source, origin = None, f"not loaded: autoresume continues from the checkpoint in {save_folder}"
     elif source is not None and cfg.block_size < source.config.block_size:

@@ -16,6 +16,7 @@ import functools
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Optional
 
@@ -182,9 +183,26 @@ def mds_roots(cfg) -> list[str]:
 
 
 def mds_cache_dir(data_local: str, root: str, split: str) -> str:
-    """A local cache folder of its own for each remote root and split (Streaming needs distinct ones)."""
+    """A local cache folder of its own for each remote root and split (Streaming needs distinct ones), always inside
+    data_local (a root named "." or ".." gets a slug of underscores)."""
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", storage.without_scheme(root)).strip("_")
-    return os.path.join(data_local, slug, split)
+    return os.path.join(data_local, "_" * len(slug) if set(slug) <= {"."} else slug, split)
+
+
+def refresh_mds_cache(cfg) -> list[str]:
+    """Empty each cache folder whose index.json differs from its source's (a rebuilt dataset: Streaming would read
+    the old shards it cached); returns the folders emptied. Only folders inside data_local are touched."""
+    from pilegpt.mds_dataset import is_inside
+
+    emptied = []
+    for split, found in read_mds_indexes(cfg).items():
+        for root, index in zip(mds_roots(cfg), found or []):
+            cache = mds_cache_dir(cfg.data_local, root, split)
+            cached = storage.folder(cache).get(INDEX_NAME) if index is not None else None
+            if cached is not None and cached != index and is_inside(cache, cfg.data_local):
+                shutil.rmtree(cache)
+                emptied.append(cache)
+    return emptied
 
 
 def read_split_file(root: str, split: str, name: str) -> Optional[bytes]:

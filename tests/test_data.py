@@ -5,6 +5,7 @@ into a user's dataset folder)."""
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -288,3 +289,67 @@ def test_an_s3_index_naming_a_key_outside_its_prefix_is_one_line(s3_env, tmp_pat
                       "a plain name inside its folder (an absolute path, '..', a backslash or an empty name): the "
                       "index is damaged or hostile, nothing was read by that name; re-run to_mds.py"]
     assert not (tmp_path / "cache").exists()
+
+
+# ------------------------------------------------------------------------------------- data changed under a run
+
+def train_cli(*args, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "train.py"), *map(str, args)], capture_output=True, text=True,
+                          timeout=300, cwd=cwd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+@pytest.mark.slow
+def test_a_resume_on_other_bin_data_is_refused_unless_the_change_is_intended(tmp_path, capsys):
+    """prepare_data --overwrite with other text, then --autoresume=True, continued silently on the new tokens."""
+    rng = np.random.default_rng(5)
+    write_token_files(tmp_path / "d", {"train": rng.integers(0, 50257, 20_000), "val": rng.integers(0, 50257, 3_000)})
+    args = [f"--data_dir={tmp_path / 'd'}", *TRAIN, "--max_duration=2ba", f"--save_folder={tmp_path / 'run'}",
+            "--run_name=changed"]
+    train.main(args)
+    record = json.loads((tmp_path / "run" / "data.json").read_text())
+    assert record["splits"]["train"]["tokens"] == 20_000 and record["format"] == "bin"
+    shutil.move(tmp_path / "d", tmp_path / "moved")  # the same data elsewhere is the same data
+    train.main([*args, f"--data_dir={tmp_path / 'moved'}", "--max_duration=3ba", "--autoresume=True"])
+    assert "resumed at batch 2" in capsys.readouterr().out
+
+    write_token_files(tmp_path / "moved", {"train": rng.integers(0, 50257, 12_000),  # rebuilt: other, shorter text
+                                           "val": rng.integers(0, 50257, 3_000)})
+    refused = train_cli(*args, f"--data_dir={tmp_path / 'moved'}", "--max_duration=4ba", "--autoresume=True",
+                        cwd=tmp_path)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    assert refused.stderr.strip().splitlines()[-1] == (
+        f"error: autoresume: {tmp_path / 'run'} was trained on other data: train.bin holds 12,000 tokens (the run had "
+        f"20,000); val.bin holds other tokens (same count, another fingerprint) ({tmp_path / 'run' / 'data.json'}); "
+        "resume on the data it was trained on, start a new run with another --run_name, or pass "
+        "--data_changed_ok=True if the change is intended")
+    assert sorted(losses_by_batch(tmp_path / "run")) == [1, 2, 3]  # nothing trained on the new data
+    train.main([*args, f"--data_dir={tmp_path / 'moved'}", "--max_duration=4ba", "--autoresume=True",
+                "--data_changed_ok=True"])
+    out = capsys.readouterr().out
+    assert "note: the data changed since the run's checkpoints (train.bin holds 12,000 tokens" in out
+    assert "resumed at batch 3" in out
+    assert json.loads((tmp_path / "run" / "data.json").read_text())["splits"]["train"]["tokens"] == 12_000
+
+
+@pytest.mark.slow
+def test_a_rebuilt_mds_dataset_is_refused_on_resume_and_its_stale_cache_refreshed(tmp_path, capsys):
+    """A rebuilt MDS folder trained on the stale cache of the old one."""
+    root, cache = tmp_path / "mds", tmp_path / "cache"
+    write_mds_splits(root, np.random.default_rng(6).integers(0, 50257, 20_000).astype(np.uint16))
+    args = [f"--data_dir={root}", *TRAIN, "--max_duration=2ba", f"--save_folder={tmp_path / 'run'}",
+            f"--data_local={cache}", "--run_name=rebuilt"]
+    train.main(args)
+    cached_index = next(cache.rglob("train/index.json"))
+    assert cached_index.read_bytes() == (root / "train" / "index.json").read_bytes()
+    shutil.rmtree(root)  # to_mds --overwrite with other data: the same shard names, other bytes
+    write_mds_splits(root, np.random.default_rng(7).integers(0, 50257, 20_000).astype(np.uint16))
+    refused = train_cli(*args, "--max_duration=3ba", "--autoresume=True", cwd=tmp_path)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    assert refused.stderr.strip().splitlines()[-1].startswith(
+        f"error: autoresume: {tmp_path / 'run'} was trained on other data: {root}/train/index.json lists other "
+        f"shards; {root}/val/index.json lists other shards ({tmp_path / 'run' / 'data.json'}); resume on the data")
+    train.main([*args, "--max_duration=3ba", "--autoresume=True", "--data_changed_ok=True"])
+    out = capsys.readouterr().out
+    assert f"note: {cached_index.parent} held shards of an older version of the data: emptied" in out
+    assert cached_index.read_bytes() == (root / "train" / "index.json").read_bytes()  # read from the new dataset
+    assert "resumed at batch 2" in out
