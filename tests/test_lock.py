@@ -92,14 +92,19 @@ def test_an_unreadable_lock_is_refused_naming_the_file(tmp_path):
     assert (tmp_path / ".lock").read_text() == "{not json"
 
 
-def test_the_heartbeat_moves_and_a_lock_taken_from_the_holder_is_left_alone(tmp_path, monkeypatch):
+def test_the_heartbeat_moves(tmp_path, monkeypatch):
     monkeypatch.setattr(lock, "HEARTBEAT_S", 0.05)
-    held = lock.acquire(str(tmp_path), "first")
-    first = held.record["heartbeat"]
-    deadline = time.time() + 30
-    while json.loads((tmp_path / ".lock").read_text())["heartbeat"] == first and time.time() < deadline:
-        time.sleep(0.02)
-    assert json.loads((tmp_path / ".lock").read_text())["heartbeat"] > first
+    with lock.hold(str(tmp_path), "first") as held:
+        first = held.record["heartbeat"]
+        deadline = time.time() + 30
+        while json.loads((tmp_path / ".lock").read_text())["heartbeat"] == first and time.time() < deadline:
+            time.sleep(0.02)
+        assert json.loads((tmp_path / ".lock").read_text())["heartbeat"] > first
+    assert not (tmp_path / ".lock").exists()
+
+
+def test_release_leaves_a_lock_that_another_run_took_alone(tmp_path):
+    held = lock.acquire(str(tmp_path), "first")  # its next heartbeat is a minute away
     place(str(tmp_path), token="someone else's")  # deleted by hand and taken by another run
     held.release()
     assert json.loads((tmp_path / ".lock").read_text())["token"] == "someone else's"
