@@ -212,38 +212,42 @@ def read_split_file(root: str, split: str, name: str) -> Optional[bytes]:
     return storage.folder(storage.join(root, split)).get(name)
 
 
-def read_mds_indexes(cfg) -> dict[str, list[Optional[bytes]]]:
-    """split -> the index.json of that split under every root (None where a root has none or, on stores other than
-    S3, where it cannot be read here), every shard name checked (data.listed_shards: a plain name inside its folder)
-    before Streaming reads or writes anything by those names. A split missing under some roots only is an error."""
+def split_indexes(cfg, split: str) -> Optional[list[Optional[bytes]]]:
+    """The index.json of split/ under every root (None where a root has none or, on stores other than S3, where it
+    cannot be read here), or None when no root has the split; every shard name checked (data.listed_shards: a plain
+    name inside its folder) before Streaming reads or writes anything by those names. A split missing under some
+    roots only is an error."""
     roots = mds_roots(cfg)
-    found = {}
-    for split in SPLITS:
-        indexes = [read_split_file(r, split, INDEX_NAME) for r in roots]
-        for root, index in zip(roots, indexes):
-            if index is not None:
-                listed_shards(index, storage.join(root, split, INDEX_NAME), "re-run to_mds.py")
-        # whether root/split exists (on stores other than S3 it cannot be checked here: Streaming will tell)
-        present = [i is not None or (storage.is_remote(r) and not storage.is_s3(r)) for r, i in zip(roots, indexes)]
-        if any(present) and not all(present):
-            missing = [r for r, ok in zip(roots, present) if not ok]
-            raise UserError(f"MDS split {split}/ is missing under {missing} but present under the other roots")
-        found[split] = indexes if any(present) else None
-    return found
+    indexes = [read_split_file(r, split, INDEX_NAME) for r in roots]
+    for root, index in zip(roots, indexes):
+        if index is not None:
+            listed_shards(index, storage.join(root, split, INDEX_NAME), "re-run to_mds.py")
+    # whether root/split exists (on stores other than S3 it cannot be checked here: Streaming will tell)
+    present = [i is not None or (storage.is_remote(r) and not storage.is_s3(r)) for r, i in zip(roots, indexes)]
+    if any(present) and not all(present):
+        missing = [r for r, ok in zip(roots, present) if not ok]
+        raise UserError(f"MDS split {split}/ is missing under {missing} but present under the other roots")
+    return indexes if any(present) else None
 
 
-def mds_split(cfg, split: str, batch_size: int, shuffle: bool, indexes: list[Optional[bytes]]):
+def read_mds_indexes(cfg) -> dict[str, Optional[list[Optional[bytes]]]]:
+    """split_indexes of every split: all of a dataset's shard names checked before Streaming opens any split."""
+    return {split: split_indexes(cfg, split) for split in SPLITS}
+
+
+def mds_split(cfg, split: str, batch_size: int, shuffle: bool):
     """A StreamingDataset over split/ of every MDS root (several roots: several streams), or None.
 
-    `indexes` are read_mds_indexes's for this split (None: the split is absent). Every root, local or remote, is
-    read through a cache under data_local: Streaming decompresses shards where it reads them, and a dataset folder
-    must stay exactly as to_mds wrote it. Shard checksums are validated as shards enter the cache (xxh64 when the
-    index has it), so a corrupt shard is refused.
+    Every root, local or remote, is read through a cache under data_local: Streaming decompresses shards
+    where it reads them, and a dataset folder must stay exactly as to_mds wrote it. Shard names are checked first
+    (split_indexes); shard checksums are validated as shards enter the cache (xxh64 when the index has it), so a
+    corrupt shard is refused.
     """
     from streaming import Stream
 
     from pilegpt.mds_dataset import CheckedStreamingDataset
 
+    indexes = split_indexes(cfg, split)
     if indexes is None:
         return None
     roots = mds_roots(cfg)
@@ -313,15 +317,15 @@ def build_dataloaders(cfg, world_size: int, rank: int, pin_memory: bool):
             val = DataLoader(val_set, batch_size=eval_bs, sampler=val_sampler, **loader_args)
     else:
         compat.clean_stale_shared_memory()  # shared memory left by a crashed run breaks the next one
-        indexes = read_mds_indexes(cfg)  # every shard name of every split checked before Streaming starts
-        train_set = mds_split(cfg, "train", per_rank, shuffle=True, indexes=indexes["train"])
+        read_mds_indexes(cfg)  # every shard name of every split checked before Streaming starts
+        train_set = mds_split(cfg, "train", per_rank, shuffle=True)
         if train_set is None:
             raise UserError(f"no MDS train split: expected train/{INDEX_NAME} under {mds_roots(cfg)} "
                             f"(to_mds.py --out ROOT writes ROOT/train)")
         check_sample_length(train_set, cfg.block_size, f"MDS {mds_roots(cfg)}")
         collate = functools.partial(collate_mds, vocab_size=cfg.vocab_size)
         train = DataLoader(train_set, batch_size=per_rank, collate_fn=collate, drop_last=True, **loader_args)
-        val_set = mds_split(cfg, "val", eval_bs, shuffle=False, indexes=indexes["val"])
+        val_set = mds_split(cfg, "val", eval_bs, shuffle=False)
         val = None if val_set is None else DataLoader(val_set, batch_size=eval_bs, collate_fn=collate, **loader_args)
 
     def spec(loader):
