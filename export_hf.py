@@ -18,7 +18,9 @@ weights-only by checkpoint.load_model). OUT_DIR receives:
     vocab.json, merges.txt, tokenizer.json, tokenizer_config.json, special_tokens_map.json
                             GPT-2's tokenizer, made offline from pilegpt/tokenizer.py's assets/r50k_base.tiktoken
 The folder is written under a temporary name beside OUT_DIR and renamed into place: a reader never sees half an
-export. An existing non-empty OUT_DIR is refused unless --overwrite.
+export. An existing non-empty OUT_DIR is refused unless --overwrite, and --overwrite replaces only an earlier export
+(EXPORT_FILES, nothing else). An OUT_DIR that is, contains or lies inside SRC's run folder (SRC, or the folder of a
+checkpoint file that holds Composer checkpoints; symlinks resolved) is refused before anything is read.
 """
 
 from __future__ import annotations
@@ -32,9 +34,11 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
+from pilegpt import storage
 from pilegpt.checkpoint import add_load_arguments, load_model
 from pilegpt.common import UserError, check_writable_folder, load_dotenv_file, run_main
 from pilegpt.hf import to_hf
+from pilegpt.resume import existing_checkpoints
 from pilegpt.tokenizer import EOT, EOT_ID, GPT2_VOCAB_SIZE, gpt2
 
 
@@ -43,7 +47,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("src", help="model.pt export, Composer checkpoint file, or run folder; local path or s3://bucket/key")
     p.add_argument("out_dir", help="folder to write the Hugging Face model into")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing non-empty OUT_DIR")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier export in OUT_DIR (nothing else)")
     add_load_arguments(p)
     return p.parse_args(argv)
 
@@ -117,10 +121,41 @@ def umask() -> int:
     return mask
 
 
+# What an export folder holds: --overwrite replaces a folder of these files only (never a run, never anything else).
+EXPORT_FILES = frozenset({"config.json", "model.safetensors", "generation_config.json", "vocab.json", "merges.txt",
+                          "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"})
+
+
 def refuse_existing(out_dir: Path, overwrite: bool) -> None:
-    if out_dir.exists() and not overwrite and (not out_dir.is_dir() or any(out_dir.iterdir())):
+    """UserError unless out_dir is absent, an empty folder, or (with overwrite) an earlier export."""
+    if not out_dir.exists() or (out_dir.is_dir() and not any(out_dir.iterdir())):
+        return
+    if not overwrite:
         raise UserError(f"{out_dir} already exists and is not empty: pass --overwrite to replace it, or another "
                         "OUT_DIR")
+    found = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
+    foreign = [n for n in found if n not in EXPORT_FILES or not (out_dir / n).is_file()]
+    if not out_dir.is_dir() or foreign or not {"config.json", "model.safetensors"} <= set(found):
+        holds = f"it holds {', '.join(foreign[:3])}" if foreign else "it is no export folder"
+        raise UserError(f"{out_dir} is not an earlier export ({holds}): --overwrite replaces only a folder that "
+                        "export_hf.py wrote (config.json, model.safetensors, tokenizer files); pass another OUT_DIR")
+
+
+def refuse_overlap(src: str, out_dir: Path) -> None:
+    """UserError when out_dir is, contains or lies inside SRC's run folder (SRC itself, or the folder of a checkpoint
+    file when it holds Composer checkpoints), symlinks and relative paths resolved: the export would replace or mix
+    with the run's files. Beside a lone model.pt (`export_hf.py model.pt hf`) is fine: nothing there is replaced."""
+    source = Path(storage.local_path(src))
+    if storage.is_remote(src) or not source.exists():
+        return  # an s3:// source shares nothing with a local folder; a missing one is load_model's error
+    folder, out = (source if source.is_dir() else source.parent).resolve(), out_dir.resolve()
+    inside = source.is_dir() or bool(existing_checkpoints(str(folder)))
+    where = "is" if out == folder else "contains" if out in folder.parents else "lies inside" \
+        if inside and folder in out.parents else None
+    if where:
+        what = "the run folder" if source.is_dir() else "the folder of"
+        raise UserError(f"OUT_DIR {out_dir} {where} {what} {src} ({folder}): an export there would replace or mix "
+                        "with the run's files; pass an OUT_DIR outside it, e.g. hf/NAME")
 
 
 def write_folder_atomically(out_dir: Path, overwrite: bool, fill: Callable[[Path], None]) -> None:
@@ -136,7 +171,7 @@ def write_folder_atomically(out_dir: Path, overwrite: bool, fill: Callable[[Path
             old = out_dir.with_name(f".{out_dir.name}.old{os.getpid()}")
             os.rename(out_dir, old)
             os.rename(tmp, out_dir)
-            if old.is_dir():
+            if old.is_dir() and not old.is_symlink():
                 shutil.rmtree(old)
             else:
                 old.unlink()
@@ -166,7 +201,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     load_dotenv_file()
     out_dir = Path(args.out_dir)
-    refuse_existing(out_dir, args.overwrite)  # before reading a model that may be gigabytes
+    refuse_overlap(args.src, out_dir)  # before reading a model that may be gigabytes
+    refuse_existing(out_dir, args.overwrite)
     check_writable_folder(out_dir, "OUT_DIR", "choose another OUT_DIR", beside=True)  # the export is staged beside it
     model = load_model(args.src, n_head=args.n_head, endpoint_url=args.endpoint_url)
     export(model, out_dir, overwrite=args.overwrite)

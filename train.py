@@ -39,6 +39,9 @@ Outputs (save_folder, local or s3://; default runs/{run_name}):
                                               evaluation every eval set's loss and bpb (val_loss, val_bpb, ...)
     report.md, loss.png                       the run in one page (report.py), written at the end
     logs/{start time}-rank{R}.txt             Composer's file log, one per process and start
+    .lock                                     the run that holds the folder, while it runs (pilegpt/lock.py)
+    data.json                                 what the run trains on; autoresume refuses other data
+                                              (pilegpt/data_record.py; data_changed_ok=True if intended)
 With an s3:// save_folder, config.json, model.pt, metrics.jsonl, the report and the logs go to runs/{run_name}
 locally and uploaded (metrics as logs/{start time}-metrics.jsonl). Re-running with autoresume=True continues
 from the last checkpoint, data position included (metrics.jsonl then repeats the batches after it).
@@ -74,7 +77,7 @@ from composer.optim import CosineAnnealingWithWarmupScheduler
 from composer.utils import dist, reproducibility
 
 from model import GPT, Block, GPTConfig
-from pilegpt import storage
+from pilegpt import data_record, lock, storage
 from pilegpt.callbacks import ExportModel, HellaSwagEval, MetricsLog, SampleText, StopOnNonFinite, build_loggers
 from pilegpt.checkpoint import EXPORT_NAME
 from pilegpt.common import (
@@ -89,7 +92,7 @@ from pilegpt.common import (
 )
 from pilegpt.extensions import build_algorithms, build_callbacks
 from pilegpt.hf import load_pretrained
-from pilegpt.loaders import build_dataloaders, build_eval_loader, data_tokenizer, eval_batch_size
+from pilegpt.loaders import build_dataloaders, build_eval_loader, data_tokenizer, eval_batch_size, refresh_mds_cache
 from pilegpt.metrics import BitsPerByte, CrossEntropyFromLoss, PerplexityFromLoss, token_bytes
 from pilegpt.report import PLOT, REPORT, write_report
 from pilegpt.resume import existing_checkpoints, set_aside_broken_checkpoints
@@ -203,6 +206,11 @@ def check_same_model(cfg: TrainConfig, run_dir: str, save_folder: str) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    with contextlib.ExitStack() as held:  # what the run holds (its save_folder's lock), released however it ends
+        return run(argv, held)
+
+
+def run(argv: Optional[Sequence[str]], held: contextlib.ExitStack) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     load_dotenv_file()  # before the config files, which may read S3 settings and paths from the environment
     values = config_values(argv)
@@ -226,6 +234,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     check_writable_folder(run_dir, "save_folder" if run_dir == save_folder else "the run's local folder",
                           "choose another --save_folder or --run_name" if run_dir == save_folder else
                           "run train.py from a folder you can write in")
+    if rank == 0 and not (storage.is_remote(save_folder) and not storage.is_s3(save_folder)):
+        held.enter_context(lock.hold(save_folder, cfg.run_name))  # a second run into save_folder is refused
     if cfg.autoresume:  # a kill during a checkpoint write leaves a truncated file that autoresume trips over
         if rank == 0 and (note := set_aside_broken_checkpoints(save_folder)):
             print(f"{cfg.run_name}: {note}", flush=True)
@@ -238,6 +248,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         "continue that run, --save_overwrite=True to start over, or another --run_name/--save_folder")
     if found and cfg.autoresume:
         check_same_model(cfg, run_dir, save_folder)
+    data = data_record.describe(cfg)  # what the run trains on (MDS: every index read, its shard names checked)
+    note = data_record.check_resume(data, save_folder, cfg.data_changed_ok) if found and cfg.autoresume else None
+    if rank == 0:
+        if note:
+            print(note, flush=True)
+        data_record.write(data, save_folder)
+    if data["format"] == "mds":  # a cache of an older version of the data is emptied before Streaming reads it
+        if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+            for cache in refresh_mds_cache(cfg):
+                print(f"note: {cache} held shards of an older version of the data: emptied, to be read again")
+        if world_size > 1:
+            dist.initialize_dist(device)
+            dist.barrier()
     if source is not None and cfg.autoresume and found:  # the checkpoint wins
         source, origin = None, f"not loaded: autoresume continues from the checkpoint in {save_folder}"
     elif source is not None and cfg.block_size < source.config.block_size:

@@ -7,7 +7,8 @@ One definition of each thing two stages must agree on:
   (`num_windows`, `window_starts`, `read_windows`). Non-overlapping, so every token is predicted once per epoch.
 - The MDS layout: columns x and y (`mds_columns`), `INDEX_NAME` (Streaming's index, written last),
   `TO_MDS_META` (how to_mds made the dataset), one dataset per split folder (`SPLITS`), and what an index
-  lists (`listed_shards`, `check_shards_present`, `validation_hash`).
+  lists (`listed_shards`, `check_shards_present`, `validation_hash`); a shard name that would reach outside its
+  split folder (`is_plain_name`) makes the index unreadable, before anything reads or writes by that name.
 
 numpy only: the datasets and loaders train.py builds on this contract are loaders.py's.
 """
@@ -193,6 +194,14 @@ def mds_columns(dtype: str, block_size: int) -> dict[str, str]:
 # The MDS index: which shard files a dataset folder holds, as Streaming reads them
 
 
+def is_plain_name(name: str) -> bool:
+    """Whether a file name read from an index stays inside its folder: relative, no "..", "." or empty part, no
+    backslash or NUL (Streaming joins it to a cache folder and to the remote URL: "/etc/x" or "../x" escape both)."""
+    if not isinstance(name, str) or not name or name.startswith("/") or "\\" in name or "\0" in name:
+        return False
+    return all(part not in ("", ".", "..") for part in name.split("/"))
+
+
 class ListedShard(NamedTuple):
     """A shard file of an MDS index, in the form Streaming reads it."""
     name: str  # path relative to the index's folder: zip_data's basename when the index lists one, else raw_data's
@@ -202,7 +211,8 @@ class ListedShard(NamedTuple):
 def listed_shards(text: str | bytes, where: str | os.PathLike, hint: str) -> list[ListedShard]:
     """The shard files an MDS index.json (its text) lists, in order, as Streaming reads them: a shard's zip_data
     when the index lists one (the compressed file), else its raw_data. A UserError naming `where` and `hint`
-    when the text is not an MDS index."""
+    when the text is not an MDS index, or when a shard name (raw or compressed) is not a plain name inside the
+    index's folder (is_plain_name): a hostile or damaged index is refused before any file is opened by its names."""
     try:
         shards = json.loads(text).get("shards")
     except (ValueError, AttributeError) as e:
@@ -215,6 +225,10 @@ def listed_shards(text: str | bytes, where: str | os.PathLike, hint: str) -> lis
         for kind in ("raw_data", "zip_data"):
             info = shard.get(kind) if isinstance(shard, dict) else None
             if isinstance(info, dict) and isinstance(info.get("basename"), str):
+                if not is_plain_name(info["basename"]):
+                    raise UserError(f"{where} lists the shard file {info['basename']!r}, which is not a plain name "
+                                    "inside its folder (an absolute path, '..', a backslash or an empty name): the "
+                                    f"index is damaged or hostile, nothing was read by that name; {hint}")
                 size = info.get("bytes")
                 entry[kind] = ListedShard(info["basename"], size if isinstance(size, int) else None)
         if "raw_data" not in entry:

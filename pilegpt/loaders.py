@@ -17,6 +17,7 @@ import functools
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Optional
 
@@ -27,6 +28,7 @@ from pilegpt.common import UserError, check_writable_folder
 from pilegpt.data import (
     INDEX_NAME,
     META_NAME,
+    SPLITS,
     TO_MDS_META,
     Meta,
     check_token_range,
@@ -184,9 +186,26 @@ def mds_roots(cfg) -> list[str]:
 
 
 def mds_cache_dir(data_local: str, root: str, split: str) -> str:
-    """A local cache folder of its own for each remote root and split (Streaming needs distinct ones)."""
+    """A local cache folder of its own for each remote root and split (Streaming needs distinct ones), always inside
+    data_local (a root named "." or ".." gets a slug of underscores)."""
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", storage.without_scheme(root)).strip("_")
-    return os.path.join(data_local, slug, split)
+    return os.path.join(data_local, "_" * len(slug) if set(slug) <= {"."} else slug, split)
+
+
+def refresh_mds_cache(cfg) -> list[str]:
+    """Empty each cache folder whose index.json differs from its source's (a rebuilt dataset: Streaming would read
+    the old shards it cached); returns the folders emptied. Only folders inside data_local are touched."""
+    from pilegpt.mds_dataset import is_inside
+
+    emptied = []
+    for split, found in read_mds_indexes(cfg).items():
+        for root, index in zip(mds_roots(cfg), found or []):
+            cache = mds_cache_dir(cfg.data_local, root, split)
+            cached = storage.folder(cache).get(INDEX_NAME) if index is not None else None
+            if cached is not None and cached != index and is_inside(cache, cfg.data_local):
+                shutil.rmtree(cache)
+                emptied.append(cache)
+    return emptied
 
 
 def read_split_file(root: str, split: str, name: str) -> Optional[bytes]:
@@ -196,26 +215,45 @@ def read_split_file(root: str, split: str, name: str) -> Optional[bytes]:
     return storage.folder(storage.join(root, split)).get(name)
 
 
+def split_indexes(cfg, split: str) -> Optional[list[Optional[bytes]]]:
+    """The index.json of split/ under every root (None where a root has none or, on stores other than S3, where it
+    cannot be read here), or None when no root has the split; every shard name checked (data.listed_shards: a plain
+    name inside its folder) before Streaming reads or writes anything by those names. A split missing under some
+    roots only is an error."""
+    roots = mds_roots(cfg)
+    indexes = [read_split_file(r, split, INDEX_NAME) for r in roots]
+    for root, index in zip(roots, indexes):
+        if index is not None:
+            listed_shards(index, storage.join(root, split, INDEX_NAME), "re-run to_mds.py")
+    # whether root/split exists (on stores other than S3 it cannot be checked here: Streaming will tell)
+    present = [i is not None or (storage.is_remote(r) and not storage.is_s3(r)) for r, i in zip(roots, indexes)]
+    if any(present) and not all(present):
+        missing = [r for r, ok in zip(roots, present) if not ok]
+        raise UserError(f"MDS split {split}/ is missing under {missing} but present under the other roots")
+    return indexes if any(present) else None
+
+
+def read_mds_indexes(cfg) -> dict[str, Optional[list[Optional[bytes]]]]:
+    """split_indexes of every split: all of a dataset's shard names checked before Streaming opens any split."""
+    return {split: split_indexes(cfg, split) for split in SPLITS}
+
+
 def mds_split(cfg, split: str, batch_size: int, shuffle: bool):
     """A StreamingDataset over split/ of every MDS root (several roots: several streams), or None.
 
     Every root, local or remote, is read through a cache under data_local: Streaming decompresses shards
-    where it reads them, and a dataset folder must stay exactly as to_mds wrote it. Shard checksums are
-    validated as shards enter the cache (xxh64 when the index has it), so a corrupt shard is refused.
+    where it reads them, and a dataset folder must stay exactly as to_mds wrote it. Shard names are checked first
+    (split_indexes); shard checksums are validated as shards enter the cache (xxh64 when the index has it), so a
+    corrupt shard is refused.
     """
     from streaming import Stream
 
     from pilegpt.mds_dataset import CheckedStreamingDataset
 
-    roots = mds_roots(cfg)
-    indexes = [read_split_file(r, split, INDEX_NAME) for r in roots]
-    # whether root/split exists (on stores other than S3 it cannot be checked here: Streaming will tell)
-    present = [i is not None or (storage.is_remote(r) and not storage.is_s3(r)) for r, i in zip(roots, indexes)]
-    if not any(present):
+    indexes = split_indexes(cfg, split)
+    if indexes is None:
         return None
-    if not all(present):
-        missing = [r for r, ok in zip(roots, present) if not ok]
-        raise UserError(f"MDS split {split}/ is missing under {missing} but present under the other roots")
+    roots = mds_roots(cfg)
     streams = []
     for root, index in zip(roots, indexes):
         made = read_split_file(root, split, TO_MDS_META)
@@ -223,8 +261,6 @@ def mds_split(cfg, split: str, batch_size: int, shuffle: bool):
         if vocab is not None and vocab > cfg.vocab_size:
             raise UserError(f"{root}/{split} was made with a vocabulary of {vocab} tokens but vocab_size is "
                             f"{cfg.vocab_size}: pass --vocab_size={vocab}")
-        if index is not None:
-            listed_shards(index, storage.join(root, split, INDEX_NAME), "re-run to_mds.py")
         streams.append(Stream(remote=storage.join(root, split), local=mds_cache_dir(cfg.data_local, root, split),
                               validate_hash=validation_hash(index) if index is not None else None))
     try:
@@ -240,7 +276,9 @@ def check_sample_length(dataset, block_size: int, what: str) -> None:
     except (RuntimeError, ValueError) as e:
         from pilegpt.mds_dataset import describe_read_failure
 
-        raise UserError(describe_read_failure(e, what) or f"cannot read the first sample of {what}: {e}") from None
+        caches = [s.local for s in dataset.streams]
+        raise UserError(describe_read_failure(e, what, caches) or f"cannot read the first sample of {what}: {e}") \
+            from None
     if length != block_size:
         raise UserError(f"{what} holds samples of {length} tokens but block_size is {block_size}: pass "
                         f"--block_size={length} or re-run to_mds.py --block-size {block_size}")
@@ -272,6 +310,7 @@ def build_dataloaders(cfg, world_size: int, rank: int, pin_memory: bool):
     else:
         compat.clean_stale_shared_memory()  # shared memory left by a crashed run breaks the next one
         check_writable_folder(cfg.data_local, "data_local", "pass another --data_local (the local MDS cache)")
+        read_mds_indexes(cfg)  # every shard name of every split checked before Streaming starts
         train_set = mds_split(cfg, "train", per_rank, shuffle=True)
         if train_set is None:
             raise UserError(f"no MDS train split: expected train/{INDEX_NAME} under {mds_roots(cfg)} "

@@ -9,7 +9,7 @@ imports this only when a run reads MDS.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from streaming import StreamingDataset
 
@@ -28,18 +28,27 @@ class CheckedStreamingDataset(KeepStreamingFailure, StreamingDataset):
             yield from super().__iter__()
         except (RuntimeError, ValueError) as e:
             where = ", ".join(s.remote or s.local for s in self.streams)
-            message = describe_read_failure(self.failure or e, where)
+            message = describe_read_failure(self.failure or e, where, [s.local for s in self.streams])
             if message is None:
                 raise
             raise UserError(message) from None
 
 
-def describe_read_failure(e: BaseException, where: str) -> Optional[str]:
-    """One line for a failure while reading MDS shards (checksum, lost connection), or None if unknown."""
+def describe_read_failure(e: BaseException, where: str, caches: Sequence[str]) -> Optional[str]:
+    """One line for a failure while reading MDS shards (checksum, lost connection), or None if unknown.
+
+    A shard that fails its checksum is removed when it lies inside one of the `caches` (the streams' folders under
+    data_local), so that the next run downloads it again; a path anywhere else is never deleted."""
     text = str(e)
     if isinstance(e, ValueError) and text.startswith("Checksum failure: "):
         cached = text.partition(": ")[2]
-        Path(cached).unlink(missing_ok=True)  # a cache file: the next run downloads it again
+        if any(is_inside(cached, cache) for cache in caches):
+            Path(cached).unlink(missing_ok=True)
         return (f"shard {Path(cached).name} of {where} does not match the checksum in its {INDEX_NAME}: the dataset "
                 f"is damaged; rebuild it with to_mds.py --overwrite (or upload it again)")
     return lost_connection(e, f"while reading {where}")
+
+
+def is_inside(path: str, folder: str) -> bool:
+    """Whether `path` lies strictly inside `folder`, symlinks and '..' resolved."""
+    return Path(folder).resolve() in Path(path).resolve().parents

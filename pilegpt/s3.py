@@ -16,8 +16,9 @@ One of each thing, so that a fault is handled once, everywhere:
 - `s3_errors`: botocore exceptions become one-line UserErrors naming the cause and the fix (wrong key, wrong
   secret, missing bucket, access denied, other region, unreachable endpoint...); the secret is never shown.
 - `S3Dir`: the objects under s3://bucket/prefix as a folder of files: exists (False only on 404), read, write,
-  names, sizes, delete, copy_from, upload, download. Every method raises UserError, never a botocore traceback.
-  storage.py puts a local folder behind the same methods: the stages use that seam, not this module.
+  create (only if absent), names, sizes, delete, copy_from, upload, download. Every method raises UserError, never
+  a botocore traceback. storage.py puts a local folder behind the same methods: the stages use that seam, not this
+  module.
 
 boto3 is imported inside the functions that need it (it takes a while to import).
 """
@@ -308,6 +309,15 @@ class S3Dir:
         """Object `name` := data (S3 objects appear whole or not at all)."""
         with self.errors():
             self.client.put_object(Bucket=self.bucket, Key=self.key(name), Body=data)
+
+    def create(self, name: str, data: bytes) -> bool:
+        """Object `name` := data only if there is none; whether this call created it. Not every S3-compatible store
+        offers a create-if-absent, so: absent, written, then read back and compared. Two writers within one round
+        trip of each other can both read back their own bytes (the residual race lock.py documents)."""
+        if self.exists(name):
+            return False
+        self.write(name, data)
+        return self.get(name) == data
 
     def upload(self, local_path: str | os.PathLike, name: str) -> None:
         """Upload a local file as object `name` (multipart when large)."""

@@ -8,7 +8,8 @@ answers the same questions. No other module tests for "://".
     folder.write("latest.txt", b"ep0-ba10")            # whole or not at all (atomic rename, S3 PUT)
     storage.join("s3://bucket/mds", "train")            # "s3://bucket/mds/train"; local: os.path.join
 
-A folder (LocalDir or s3.S3Dir) has: url, exists(name), get(name), read(name), write(name, data), names() (every
+A folder (LocalDir or s3.S3Dir) has: url, exists(name), get(name), read(name), write(name, data), create(name, data)
+(only if absent: atomic locally, written and read back on S3), names() (every
 file below, relative, sorted), sizes(), delete(names), upload(local_path, name), download(name, local_path),
 child(sub). Names are relative to the folder and may contain "/" (sub-folders).
 
@@ -107,6 +108,23 @@ class LocalDir:
         path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(path) as tmp:
             Path(tmp).write_bytes(data)
+
+    def create(self, name: str, data: bytes) -> bool:
+        """File `name` := data only if there is none (O_CREAT|O_EXCL: of two processes, one wins); whether this call
+        created it."""
+        path = self._file(name)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        except OSError as e:
+            raise UserError(f"cannot create {path} ({e.strerror or e}): is its folder writable?") from None
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        return True
 
     def sizes(self) -> dict[str, int]:
         if not self.path.is_dir():

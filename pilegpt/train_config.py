@@ -87,6 +87,7 @@ class TrainConfig:
     save_num_checkpoints_to_keep: int = -1  # local checkpoints kept; -1 = all (an s3:// run keeps none locally)
     save_overwrite: bool = False  # allow a new run to overwrite checkpoints already in save_folder
     autoresume: bool = False  # continue from the last checkpoint in save_folder when there is one
+    data_changed_ok: bool = False  # let autoresume continue on data other than the run's data.json records
     progress_bar: bool = True  # Composer's progress bar; False prints one line every log_interval batches
     log_interval: int = 10  # batches between one-line progress logs (when progress_bar=False)
     speed_window: int = 50  # batches averaged by SpeedMonitor for tokens/s and MFU

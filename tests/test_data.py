@@ -5,6 +5,7 @@ into a user's dataset folder)."""
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -224,3 +225,149 @@ def test_mds_data_smaller_than_one_global_batch_is_refused_before_training(tmp_p
         f"error: the MDS train split of ['{root}'] has 3 samples of 32 tokens, fewer than one global batch (4): "
         "lower --global_batch_size or use more data")
     assert not (tmp_path / "run" / "model.pt").exists()
+
+
+# ------------------------------------------------------------------------------------------ hostile indexes
+
+def hostile_index(split_dir: Path, name: str, kind: str = "zip_data") -> None:
+    """Rewrite the index.json of split_dir so that its first shard's `kind` file is called `name`."""
+    index = json.loads((split_dir / data.INDEX_NAME).read_text())
+    index["shards"][0][kind]["basename"] = name
+    (split_dir / data.INDEX_NAME).write_text(json.dumps(index))
+
+
+@pytest.mark.parametrize("name", ["/etc/passwd", "../victim", "a/../../victim", "sub\\..\\..\\victim", "", ".", "a//b",
+                                  "./shard.00000.mds", "x\0y"])
+def test_a_shard_name_reaching_outside_its_folder_makes_the_index_unreadable(name):
+    index = json.dumps({"version": 2, "shards": [{"raw_data": {"basename": "shard.00000.mds", "bytes": 1},
+                                                  "zip_data": {"basename": name, "bytes": 1}}]})
+    with pytest.raises(UserError, match=r"^mds/train/index.json lists the shard file .* not a plain name inside its "
+                                        r"folder .* nothing was read by that name; re-run to_mds.py$"):
+        data.listed_shards(index, "mds/train/index.json", "re-run to_mds.py")
+    assert not data.is_plain_name(name)
+    assert data.is_plain_name("shard.00000.mds.zstd") and data.is_plain_name("sub/shard.00000.mds")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["zip_data", "raw_data"])
+def test_an_index_naming_a_file_outside_its_folder_is_refused_and_the_file_kept(tmp_path, kind):
+    """A shared dataset whose index names an existing file of the user's: training used to decompress the shard
+    outside data_local and, the file failing the shard's checksum, delete it."""
+    root = write_mds_splits(tmp_path / "mds", np.random.default_rng(3).integers(0, 50257, 20_000).astype(np.uint16))
+    victim = tmp_path / "precious.txt"
+    victim.write_text("the user's own file")
+    hostile_index(root / "val", str(victim), kind)  # val: train/ is read first, so the whole index set is checked
+    before = tree(tmp_path)
+    result = subprocess.run([sys.executable, str(REPO / "train.py"), f"--data_dir={root}", *TRAIN,
+                             f"--save_folder={tmp_path / 'run'}", f"--data_local={tmp_path / 'cache'}"],
+                            capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: {root / 'val' / 'index.json'} lists the shard file {str(victim)!r}, which is not a plain name inside "
+        "its folder (an absolute path, '..', a backslash or an empty name): the index is damaged or hostile, nothing "
+        "was read by that name; re-run to_mds.py")
+    assert victim.read_text() == "the user's own file"
+    after = tree(tmp_path)
+    assert {k: v for k, v in after.items() if not k.startswith(("run/", "cache/"))} == before
+    assert not (tmp_path / "cache").exists()  # refused before Streaming made its cache
+
+
+def test_a_checksum_failure_never_deletes_a_file_outside_the_cache(tmp_path):
+    from pilegpt.mds_dataset import describe_read_failure
+
+    cache, victim = tmp_path / "cache" / "mds" / "train", tmp_path / "precious.txt"
+    cache.mkdir(parents=True)
+    victim.write_text("keep")
+    for path in (victim, cache / ".." / ".." / ".." / "precious.txt"):
+        line = describe_read_failure(ValueError(f"Checksum failure: {path}"), "mds/train", [str(cache)])
+        assert line.startswith("shard precious.txt of mds/train does not match the checksum")
+        assert victim.read_text() == "keep"
+    (cache / "shard.00000.mds.zstd").write_bytes(b"damaged")  # a damaged cache copy is removed: it is downloaded again
+    describe_read_failure(ValueError(f"Checksum failure: {cache / 'shard.00000.mds.zstd'}"), "x", [str(cache)])
+    assert not (cache / "shard.00000.mds.zstd").exists()
+
+
+@pytest.mark.slow
+def test_an_s3_index_naming_a_key_outside_its_prefix_is_one_line(s3_env, tmp_path):
+    """From S3, a '..' key made Streaming retry forever (10 minutes, 100% CPU, ~1,000 sockets) until killed."""
+    root = write_mds_splits(tmp_path / "mds", np.random.default_rng(4).integers(0, 50257, 20_000).astype(np.uint16))
+    hostile_index(root / "train", "../../outside.mds.zstd")
+    client, prefix = s3_env.client(), f"hostile-{os.getpid()}/mds"
+    for path in root.rglob("*"):
+        if path.is_file():
+            client.upload_file(str(path), s3_env.bucket, f"{prefix}/{path.relative_to(root).as_posix()}")
+    remote = f"s3://{s3_env.bucket}/{prefix}"
+    result = subprocess.run([sys.executable, str(REPO / "train.py"), f"--data_remote={remote}", *TRAIN,
+                             f"--save_folder={tmp_path / 'run'}", f"--data_local={tmp_path / 'cache'}"],
+                            capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                            env={**os.environ, **s3_env.env()})
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: {remote}/train/index.json lists the shard file '../../outside.mds.zstd', which is not "
+                      "a plain name inside its folder (an absolute path, '..', a backslash or an empty name): the "
+                      "index is damaged or hostile, nothing was read by that name; re-run to_mds.py"]
+    assert not (tmp_path / "cache").exists()
+
+
+# ------------------------------------------------------------------------------------- data changed under a run
+
+def train_cli(*args, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "train.py"), *map(str, args)], capture_output=True, text=True,
+                          timeout=300, cwd=cwd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+@pytest.mark.slow
+def test_a_resume_on_other_bin_data_is_refused_unless_the_change_is_intended(tmp_path, capsys):
+    """prepare_data --overwrite with other text, then --autoresume=True, continued silently on the new tokens."""
+    rng = np.random.default_rng(5)
+    write_token_files(tmp_path / "d", {"train": rng.integers(0, 50257, 20_000), "val": rng.integers(0, 50257, 3_000)})
+    args = [f"--data_dir={tmp_path / 'd'}", *TRAIN, "--max_duration=2ba", f"--save_folder={tmp_path / 'run'}",
+            "--run_name=changed"]
+    train.main(args)
+    record = json.loads((tmp_path / "run" / "data.json").read_text())
+    assert record["splits"]["train"]["tokens"] == 20_000 and record["format"] == "bin"
+    shutil.move(tmp_path / "d", tmp_path / "moved")  # the same data elsewhere is the same data
+    train.main([*args, f"--data_dir={tmp_path / 'moved'}", "--max_duration=3ba", "--autoresume=True"])
+    assert "resumed at batch 2" in capsys.readouterr().out
+
+    write_token_files(tmp_path / "moved", {"train": rng.integers(0, 50257, 12_000),  # rebuilt: other, shorter text
+                                           "val": rng.integers(0, 50257, 3_000)})
+    refused = train_cli(*args, f"--data_dir={tmp_path / 'moved'}", "--max_duration=4ba", "--autoresume=True",
+                        cwd=tmp_path)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    assert refused.stderr.strip().splitlines()[-1] == (
+        f"error: autoresume: {tmp_path / 'run'} was trained on other data: train.bin holds 12,000 tokens (the run had "
+        f"20,000); val.bin holds other tokens (same count, another fingerprint) ({tmp_path / 'run' / 'data.json'}); "
+        "resume on the data it was trained on, start a new run with another --run_name, or pass "
+        "--data_changed_ok=True if the change is intended")
+    assert sorted(losses_by_batch(tmp_path / "run")) == [1, 2, 3]  # nothing trained on the new data
+    train.main([*args, f"--data_dir={tmp_path / 'moved'}", "--max_duration=4ba", "--autoresume=True",
+                "--data_changed_ok=True"])
+    out = capsys.readouterr().out
+    assert "note: the data changed since the run's checkpoints (train.bin holds 12,000 tokens" in out
+    assert "resumed at batch 3" in out
+    assert json.loads((tmp_path / "run" / "data.json").read_text())["splits"]["train"]["tokens"] == 12_000
+
+
+@pytest.mark.slow
+def test_a_rebuilt_mds_dataset_is_refused_on_resume_and_its_stale_cache_refreshed(tmp_path, capsys):
+    """A rebuilt MDS folder trained on the stale cache of the old one."""
+    root, cache = tmp_path / "mds", tmp_path / "cache"
+    write_mds_splits(root, np.random.default_rng(6).integers(0, 50257, 20_000).astype(np.uint16))
+    args = [f"--data_dir={root}", *TRAIN, "--max_duration=2ba", f"--save_folder={tmp_path / 'run'}",
+            f"--data_local={cache}", "--run_name=rebuilt"]
+    train.main(args)
+    cached_index = next(cache.rglob("train/index.json"))
+    assert cached_index.read_bytes() == (root / "train" / "index.json").read_bytes()
+    shutil.rmtree(root)  # to_mds --overwrite with other data: the same shard names, other bytes
+    write_mds_splits(root, np.random.default_rng(7).integers(0, 50257, 20_000).astype(np.uint16))
+    refused = train_cli(*args, "--max_duration=3ba", "--autoresume=True", cwd=tmp_path)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    assert refused.stderr.strip().splitlines()[-1].startswith(
+        f"error: autoresume: {tmp_path / 'run'} was trained on other data: {root}/train/index.json lists other "
+        f"shards; {root}/val/index.json lists other shards ({tmp_path / 'run' / 'data.json'}); resume on the data")
+    train.main([*args, "--max_duration=3ba", "--autoresume=True", "--data_changed_ok=True"])
+    out = capsys.readouterr().out
+    assert f"note: {cached_index.parent} held shards of an older version of the data: emptied" in out
+    assert cached_index.read_bytes() == (root / "train" / "index.json").read_bytes()  # read from the new dataset
+    assert "resumed at batch 2" in out

@@ -2,6 +2,7 @@
 GPT-2 folder that transformers loads offline, computing our logits and tokenizing exactly as tiktoken does."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -125,14 +126,21 @@ def tiny_export(folder, **shape):
 
 
 @pytest.mark.slow
-def test_existing_output_is_refused_and_overwrite_replaces_it_whole(tmp_path, monkeypatch):
-    src = tiny_export(tmp_path)
+def test_existing_output_is_refused_and_overwrite_replaces_only_an_earlier_export(tmp_path, monkeypatch):
+    (tmp_path / "src").mkdir()
+    src = tiny_export(tmp_path / "src")  # not beside OUT_DIR: an OUT_DIR inside the source's folder is refused
     out = tmp_path / "hf"
     out.mkdir()
     (out / "precious.txt").write_text("keep")
     with pytest.raises(UserError, match="hf already exists and is not empty: pass --overwrite"):
         export_hf.main([str(src), str(out)])
+    with pytest.raises(UserError, match=r"hf is not an earlier export \(it holds precious.txt\): --overwrite replaces "
+                                        "only a folder that export_hf.py wrote"):
+        export_hf.main([str(src), str(out), "--overwrite"])
     assert [p.name for p in out.iterdir()] == ["precious.txt"]
+    (out / "precious.txt").unlink()
+    export_hf.main([str(src), str(out)])  # an empty folder is fine
+    first = {p.name: p.read_bytes() for p in out.iterdir()}
 
     def broken(folder, model_max_length):  # an export that dies half-way leaves nothing behind
         raise OSError("disk full")
@@ -140,17 +148,66 @@ def test_existing_output_is_refused_and_overwrite_replaces_it_whole(tmp_path, mo
     monkeypatch.setattr(export_hf, "write_tokenizer", broken)
     with pytest.raises(OSError, match="disk full"):
         export_hf.main([str(src), str(out), "--overwrite"])
-    assert [p.name for p in out.iterdir()] == ["precious.txt"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "model.pt"]  # no temporary folder left
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == first  # the earlier export, untouched
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "src"]  # no temporary folder left
     monkeypatch.undo()
 
-    export_hf.main([str(src), str(out), "--overwrite"])
-    assert not (out / "precious.txt").exists() and (out / "model.safetensors").is_file()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "model.pt"]
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    export_hf.main([str(src), str(empty)])  # an empty folder is fine
-    assert (empty / "config.json").is_file()
+    (out / "model.safetensors").write_bytes(b"an older export")
+    export_hf.main([str(src), str(out), "--overwrite"])  # an earlier export is replaced whole
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == first
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "src"]
+    link = tmp_path / "link"
+    link.symlink_to(out)
+    export_hf.main([str(src), str(link), "--overwrite"])  # a link to an export: the link is replaced, not its target
+    assert link.is_dir() and not link.is_symlink() and {p.name: p.read_bytes() for p in out.iterdir()} == first
+
+
+def fake_run(folder):
+    """A run folder as train.py leaves it (the checkpoint's bytes do not matter: nothing may read it)."""
+    folder.mkdir()
+    tiny_export(folder)
+    (folder / "ep0-ba3-rank0.pt").write_bytes(b"a checkpoint")
+    (folder / "config.json").write_text("{}")
+    return {p.name: p.read_bytes() for p in folder.iterdir()}
+
+
+@pytest.mark.slow
+def test_exporting_a_run_into_itself_is_one_line_and_keeps_the_run(tmp_path):
+    """`export_hf.py RUN RUN --overwrite` deleted the run's checkpoints and left only the export."""
+    before = fake_run(tmp_path / "run")
+    proc = subprocess.run([sys.executable, str(REPO / "export_hf.py"), "run", "run", "--overwrite"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines() == [
+        f"error: OUT_DIR run is the run folder run ({tmp_path / 'run'}): an export there would replace or mix with "
+        "the run's files; pass an OUT_DIR outside it, e.g. hf/NAME"]
+    assert {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()} == before
+
+
+@pytest.mark.parametrize("src, out, where", [
+    ("run", "run/hf", "lies inside the run folder"),
+    ("run/model.pt", "run", "is the folder of"),
+    ("run/model.pt", "run/sub/hf", "lies inside the folder of"),
+    ("run", ".", "contains the run folder"),
+    ("run", "link", "is the run folder"),  # a symlink to the run
+    ("link/model.pt", "run/../run", "is the folder of"),
+])
+def test_an_out_dir_that_is_contains_or_lies_inside_the_source_is_refused(tmp_path, monkeypatch, src, out, where):
+    before = fake_run(tmp_path / "run")
+    (tmp_path / "link").symlink_to(tmp_path / "run")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match=rf"^OUT_DIR {re.escape(out)} {where} {re.escape(src)} "):
+        export_hf.main([src, out, "--overwrite"])
+    assert {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()} == before
+
+
+def test_overwrite_never_replaces_a_run_folder(tmp_path):
+    before = fake_run(tmp_path / "run")
+    (tmp_path / "run" / "model.safetensors").write_bytes(b"x")  # even one that looks half like an export
+    (tmp_path / "other").mkdir()
+    with pytest.raises(UserError, match=r"run is not an earlier export \(it holds ep0-ba3-rank0.pt, model.pt\)"):
+        export_hf.main([str(tiny_export(tmp_path / "other")), str(tmp_path / "run"), "--overwrite"])
+    assert {p.name for p in (tmp_path / "run").iterdir()} == {*before, "model.safetensors"}
 
 
 def test_small_vocabulary_is_refused(tmp_path):

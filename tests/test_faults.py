@@ -4,6 +4,7 @@ line, and what the user already has is kept."""
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -243,3 +244,42 @@ def test_folders_that_cannot_be_written_are_one_line_errors_naming_them(data_dir
                 run_main(main, argv)
             err = capsys.readouterr().err
             assert e.value.code == 2 and err.count("\n") == 1 and err.startswith(f"error: {message}"), err
+
+
+def test_a_second_run_into_a_held_folder_is_one_line_and_a_killed_holder_is_taken_over(data_dir, tmp_path):
+    """Two runs into one save_folder both said "done": the second's checkpoints replaced the first's."""
+    run_dir = tmp_path / "run"
+    args = [f"--data_dir={data_dir}", *ARGS, f"--save_folder={run_dir}", "--save_interval=2ba"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    first = subprocess.Popen([sys.executable, str(REPO / "train.py"), *args, "--max_duration=400ba",
+                              "--eval_interval=400ba"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while not (run_dir / "ep0-ba2-rank0.pt").exists() and first.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        second = train_py(*args, "--max_duration=4ba", "--autoresume=True", cwd=tmp_path)
+        assert second.returncode == 2 and "Traceback" not in second.stderr, second.stderr[-3000:]
+        assert error_lines(second) == [
+            f"error: {run_dir} is in use by run 'faults' (host {os.uname().nodename}, PID {first.pid}, since "
+            f"{error_lines(second)[0].split(', since ')[1].split(')')[0]}): two runs must not write one save_folder; "
+            "wait for that run to end or stop it, or pass another --run_name/--save_folder (if that run is gone, "
+            f"delete {run_dir / '.lock'})"]
+        assert first.poll() is None  # the first run trains on
+    finally:
+        first.kill()  # SIGKILL: its lock stays behind
+        first.wait()
+    assert (run_dir / ".lock").is_file()
+    last = max(int(p.name.split("-ba")[1].split("-")[0]) for p in run_dir.glob("ep0-ba*-rank0.pt"))
+    resumed = subprocess.Popen([sys.executable, str(REPO / "train.py"), *args, "--max_duration=400ba",
+                                "--autoresume=True", "--eval_interval=400ba"], cwd=tmp_path, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not (run_dir / f"ep0-ba{last + 2}-rank0.pt").exists() and resumed.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    resumed.send_signal(signal.SIGINT)  # Ctrl-C
+    out, err = resumed.communicate(timeout=120)
+    assert resumed.returncode == 130, err[-3000:]
+    assert f"note: took over the lock of run 'faults' (host {os.uname().nodename}, PID {first.pid}" in out
+    assert f"its process {first.pid} is gone" in out and f"resuming from the checkpoint at batch {last} " in out
+    assert not (run_dir / ".lock").exists()  # released on Ctrl-C

@@ -293,6 +293,19 @@ def test_dataset_with_a_missing_shard_is_refused(small_mds, tmp_path):
         upload_s3.main([str(root), "s3://bucket/x"])
 
 
+@pytest.mark.parametrize("name", ["../outside.mds", "/etc/hostname"])
+def test_an_index_naming_a_file_outside_its_folder_is_refused(small_mds, tmp_path, name):
+    root = tmp_path / "mds"
+    shutil.copytree(small_mds[0], root)
+    (tmp_path / "outside.mds").write_bytes(b"not to be uploaded")
+    index = json.loads((root / "train" / "index.json").read_text())
+    index["shards"][0]["raw_data"]["basename"] = name
+    (root / "train" / "index.json").write_text(json.dumps(index))
+    with pytest.raises(UserError, match=rf"train/index.json lists the shard file '{name}', which is not a plain name "
+                                        r"inside its folder"):
+        upload_s3.main([str(root), "s3://bucket/x"])
+
+
 def test_compressed_dataset_needs_its_compressed_shards(tmp_path):
     write_mds(tmp_path / "z", 300, BLOCK, 1 << 15, seed=4, compression="zstd:1")
     assert len(mds_upload.collect_files(tmp_path / "z").files) > 2  # index + .zstd shards: accepted

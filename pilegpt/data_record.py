@@ -1,0 +1,121 @@
+"""What a run trains on, recorded in its save_folder (`data.json`, local or s3://) and compared when it resumes: an
+autoresume on other data is refused in one line unless `data_changed_ok=True` says the change is intended.
+
+    record = describe(cfg)                       # the identity of cfg's data (MDS: every index read and checked)
+    note = check_resume(record, "runs/x", ok=False)   # UserError if it differs from runs/x/data.json
+    write(record, "runs/x")
+
+What counts as "the same data" is the content, not where it lies (a dataset moved or copied to another disk or
+bucket is the same data):
+- .bin: meta.json's tokenizer, vocab_size, eot_token and dtype, and per split its token count and a fingerprint:
+  the file's size and the sha256 of FINGERPRINT_PIECES pieces of FINGERPRINT_PIECE bytes spread evenly over it
+  (the first and the last included). Cheap on the Pile's 600 GB; a change that keeps the size and all those
+  pieces (a rewrite of a few tokens in between) is not seen.
+- MDS: per root, in order, per split: the sha256 of the shard list its index.json gives (every shard's name, size
+  and the hashes to_mds stored), which changes with any rebuilt shard.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Optional
+
+from pilegpt import loaders, storage
+from pilegpt.common import UserError
+from pilegpt.data import META_NAME, SPLITS, Meta, nanogpt_meta
+
+DATA_JSON = "data.json"  # in the save_folder, beside the checkpoints
+FINGERPRINT_PIECES = 8  # pieces of a .bin hashed for its fingerprint
+FINGERPRINT_PIECE = 1 << 20  # bytes per piece
+
+
+def fingerprint(path: str | os.PathLike) -> str:
+    """sha256 of a file's size and of FINGERPRINT_PIECES evenly spread pieces of it (all of it when small)."""
+    size = os.path.getsize(path)
+    h = hashlib.sha256(str(size).encode())
+    span = max(0, size - FINGERPRINT_PIECE)
+    offsets = sorted({span * k // (FINGERPRINT_PIECES - 1) for k in range(FINGERPRINT_PIECES)})
+    with open(path, "rb") as f:
+        for offset in offsets if span else [0]:
+            f.seek(offset)
+            h.update(f.read(FINGERPRINT_PIECE if span else size))
+    return h.hexdigest()
+
+
+def index_digest(index: bytes) -> str:
+    """sha256 of the shard list of an MDS index.json (names, sizes, hashes), whatever its formatting."""
+    shards = json.loads(index).get("shards")
+    return hashlib.sha256(json.dumps(shards, sort_keys=True).encode()).hexdigest()
+
+
+def describe(cfg) -> dict:
+    """The identity of the data a TrainConfig reads (see the module docstring). For MDS, every split's index of
+    every root is read and its shard names checked (loaders.read_mds_indexes) before Streaming touches anything."""
+    if cfg.data_remote is None and loaders.detect_format(cfg.data_dir, cfg.data_format) == "bin":
+        folder = Path(cfg.data_dir)
+        meta = Meta.read(folder) if (folder / META_NAME).is_file() else nanogpt_meta(folder)
+        return {"format": "bin", "tokenizer": meta.tokenizer, "vocab_size": meta.vocab_size,
+                "eot_token": meta.eot_token, "dtype": meta.dtype,
+                "splits": {s: {"file": meta.splits[s].file, "tokens": meta.token_count(folder, s),
+                               "fingerprint": fingerprint(folder / meta.splits[s].file)}
+                           for s in SPLITS if s in meta.splits}}
+    indexes = loaders.read_mds_indexes(cfg)
+    return {"format": "mds", "roots": [
+        {"root": root, **{s: index_digest(indexes[s][k]) if indexes[s] and indexes[s][k] is not None else None
+                          for s in SPLITS}}
+        for k, root in enumerate(loaders.mds_roots(cfg))]}
+
+
+def differences(saved: dict, now: dict) -> list[str]:
+    """What differs between two records, in words (where the data lies is not compared)."""
+    if saved.get("format") != now["format"]:
+        return [f"{now['format']} data (the run trained on {saved.get('format')})"]
+    if now["format"] == "bin":
+        found = [f"{k}={now[k]!r} (the run had {saved.get(k)!r})" for k in ("tokenizer", "vocab_size", "eot_token",
+                                                                             "dtype") if saved.get(k) != now[k]]
+        for split in SPLITS:
+            was, new = saved.get("splits", {}).get(split), now["splits"].get(split)
+            if was is None or new is None:
+                found += [f"{split} split {'added' if was is None else 'removed'}"] if was != new else []
+            elif was.get("tokens") != new["tokens"]:
+                found.append(f"{new['file']} holds {new['tokens']:,} tokens (the run had {was.get('tokens'):,})")
+            elif was.get("fingerprint") != new["fingerprint"]:
+                found.append(f"{new['file']} holds other tokens (same count, another fingerprint)")
+        return found
+    was_roots, new_roots = saved.get("roots", []), now["roots"]
+    if len(was_roots) != len(new_roots):
+        return [f"{len(new_roots)} MDS roots (the run had {len(was_roots)})"]
+    return [f"{new['root']}/{split}/index.json lists other shards" for was, new in zip(was_roots, new_roots)
+            for split in SPLITS if was.get(split) != new[split]]
+
+
+def check_resume(record: dict, save_folder: str, ok: bool) -> Optional[str]:
+    """On autoresume: a UserError when the data differs from the run's data.json, unless `ok`; a note (or None)."""
+    where = storage.join(save_folder, DATA_JSON)
+    if storage.is_remote(save_folder) and not storage.is_s3(save_folder):
+        return None
+    saved = storage.folder(save_folder).get(DATA_JSON)
+    if saved is None:
+        return f"note: {where} not found (a run from before data records): recording the data it resumes on"
+    try:
+        changed = differences(json.loads(saved), record)
+    except (ValueError, AttributeError, TypeError):
+        changed = [f"{where} cannot be read"]
+    if not changed:
+        return None
+    if ok:
+        return f"note: the data changed since the run's checkpoints ({'; '.join(changed)}): continuing on it, as " \
+               "data_changed_ok=True says"
+    raise UserError(f"autoresume: {save_folder} was trained on other data: {'; '.join(changed)} ({where}); resume "
+                    "on the data it was trained on, start a new run with another --run_name, or pass "
+                    "--data_changed_ok=True if the change is intended")
+
+
+def write(record: dict, save_folder: str) -> None:
+    """data.json := record (locally written whole, or one PUT on S3)."""
+    if storage.is_remote(save_folder) and not storage.is_s3(save_folder):
+        return
+    storage.folder(save_folder).write(DATA_JSON, (json.dumps(record, indent=2) + "\n").encode())
