@@ -381,7 +381,7 @@ def run(argv: Optional[Sequence[str]], held: contextlib.ExitStack) -> int:
             uploads.finish()
     finally:
         if uploads is not None:  # the local copies go, also when the run fails
-            uploads.close()
+            uploads.shutdown()
     if dist.get_global_rank() == 0:
         seconds = time.time() - t0
         batches, tokens = int(state.timestamp.batch) - start_batch, int(state.timestamp.token) - start_tokens

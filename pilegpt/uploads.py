@@ -9,7 +9,7 @@ and also registers it as the logger destination that takes every other file, so 
 - a few threads of this process, storage.py's S3 client (bounded retries and timeouts, one policy for the repo);
 - each file is copied to a staging folder when handed over (the saver may delete or rewrite its own copy), and
   the copy is deleted once uploaded; a checkpoint from the saver's own temporary folder is moved there instead
-  (`take_saver_copies`), so an s3:// run keeps no local copy of an uploaded checkpoint, and `close()` removes
+  (`take_saver_copies`), so an s3:// run keeps no local copy of an uploaded checkpoint, and `shutdown()` removes
   that folder (with what autoresume downloaded into it) and the staging folder, also when the run fails;
 - the Trainer's autoresume lookup reads the bucket through the same client (`remote_backend`);
 - the first failed upload fails the run at the next batch with one line (UserError naming the file, the cause
@@ -23,7 +23,7 @@ and also registers it as the logger destination that takes every other file, so 
     try:
         trainer.fit(); trainer.close(); uploads.finish()
     finally:
-        uploads.close()
+        uploads.shutdown()
 """
 
 from __future__ import annotations
@@ -137,11 +137,12 @@ class S3Uploads(LoggerDestination):
         try:
             self.wait()
         finally:
-            self.close()
+            self.shutdown()
 
-    def close(self) -> None:
+    def shutdown(self) -> None:
         """Let the uploads handed over finish (a failing run's are skipped), stop the threads, and remove the
-        local copies: the staging folder and the saver's temporary folder. Any number of times, also on failure."""
+        local copies: the staging folder and the saver's temporary folder. Any number of times, also on failure.
+        (Not `close`: that is Composer's Callback.close(state, logger), which the Trainer calls at its close.)"""
         self._closed = True
         self._pool.shutdown(wait=True)
         self._checks.shutdown(wait=True)
@@ -151,7 +152,7 @@ class S3Uploads(LoggerDestination):
 
     def take_saver_copies(self, trainer, prefix: str) -> None:
         """The checkpoints the Trainer's CheckpointSaver writes into its temporary folder (for an s3:// save_folder
-        with this key prefix) are moved, not copied, when handed over, and the folder is removed by close()."""
+        with this key prefix) are moved, not copied, when handed over, and the folder is removed by shutdown()."""
         from composer.callbacks import CheckpointSaver
 
         for callback in trainer.state.callbacks:
