@@ -303,7 +303,7 @@ def run(argv: Optional[Sequence[str]], held: contextlib.ExitStack) -> int:
     if uploads is not None:
         loggers.insert(0, uploads)
     callbacks = [SpeedMonitor(window_size=cfg.speed_window), LRMonitor(), RuntimeEstimator(time_unit="seconds"),
-                 StopOnNonFinite(cfg.learning_rate),
+                 StopOnNonFinite(cfg.learning_rate, cfg.save_interval),
                  ExportModel(cfg.save_interval, run_dir, remote_name(EXPORT_NAME))]
     if device == "gpu":
         callbacks.append(MemoryMonitor())
@@ -318,6 +318,8 @@ def run(argv: Optional[Sequence[str]], held: contextlib.ExitStack) -> int:
     callbacks = [c for c in callbacks if type(c) not in {type(e) for e in extra}]
     callbacks += [c for c in extra if not isinstance(c, LoggerDestination)]
     loggers += [c for c in extra if isinstance(c, LoggerDestination)]
+    if not any(getattr(c, "dataloader_label", None) == "train" for c in callbacks):
+        model.train_metrics = {}  # no stopper watches them: Composer would update, compute and log them every batch
 
     with checkpoint_uploads(uploads) if uploads is not None else contextlib.nullcontext():
         trainer = Trainer(

@@ -25,7 +25,7 @@ downloaded. The rows, in the order they run (later rows are the first to fall to
 
 Columns:
     tokens/s      tokens per step over the median step time of steps warmup+1 .. steps-1 (train.py's metrics.jsonl
-                  time_s; every step ends in a GPU sync, StopOnNonFinite's .item(); the last step is left out: it
+                  time_s; every step ends in a GPU sync, Composer's loss .item(); the last step is left out: it
                   also holds the final evaluation and checkpoint). Loader rows: samples/s x block_size.
     vs base       tokens/s over eager-50257-fixed's tokens/s of the same run (loader rows: how many times the
                   baseline's appetite the loader can feed)

@@ -1,36 +1,47 @@
-"""Training throughput of config/tiny.py on this machine's CPU: glibc malloc, glibc tuned, jemalloc.
+"""Training step on this machine's CPU: train.py against a plain PyTorch loop over model.py, and the allocators.
 
 Usage:
-    python bench/bench_train.py                      # 3 rounds x 3 allocator set-ups, 30 batches each
-    python bench/bench_train.py --batches 60 --rounds 3 --data-dir data/shakespeare
+    python bench/bench_train.py                      # train.py vs the plain loop, 3 rounds, 40 batches each
+    python bench/bench_train.py --rounds 5 --threads 1  # OMP_NUM_THREADS=1: steadier on a loaded machine
+    python bench/bench_train.py -- --n_layer=2       # more settings for both sides, after --
+    python bench/bench_train.py --allocators         # train.py with glibc, glibc+mallopt, jemalloc
 
-Each run is a real `python train.py config/tiny.py` process; tokens/s is tokens per batch over the median
-batch time in train.py's metrics.jsonl after batch --skip (start-up, imports and the first slow steps do
-not count; the median resists bursts of load from other processes). Runs alternate between the set-ups so
-that load from other processes hits all alike; the result is the median per set-up and its ratio to plain glibc:
+Both sides run the same settings (SETTINGS: config/tiny.py at 4 layers x 128, vocab 50304, no bias, batches of
+12 x 64, as nanoGPT's comparison in issue 22) on the same batches, each in its own process, alternated run by run
+so that load from other processes hits both alike:
+    train.py      `python train.py config/tiny.py ...`: the Composer Trainer with every default callback, plus
+                  bench/step_clock.py's StepClock (by import path) to read the clocks at each batch's end
+    plain loop    this file's `plain_loop`: model.py's GPT, forward, backward, clip_grad_norm_, AdamW step, loss.item()
+                  per batch over train.py's own .bin loader; the same seed, optimizer groups, learning-rate schedule
+                  and malloc settings (common.tune_glibc_malloc) as train.py
+A run's step time is the median over the batches after --skip of the wall-clock time between consecutive batch
+ends, and of the process's CPU time likewise (CPU time is the steadier figure when other processes share the cores;
+with more than one thread it also counts OpenMP's spinning). Start-up, imports and the first slow steps do not
+count; the result is the median over rounds per side and the ratio train.py / plain loop (1.00x = nothing around
+the model costs anything). Each run also reports the time from the command to the end of its first batch.
+
+--allocators compares train.py's set-ups instead, with tokens/s and the ratio to plain glibc:
     glibc           glibc malloc as it comes (train.py --cpu_malloc_tune=False)
     glibc+mallopt   train.py's default on CPU: mallopt keeps large freed blocks (see common.tune_glibc_malloc)
-    jemalloc        Debian's jemalloc preloaded (train.py then leaves malloc alone)
-
-jemalloc: Debian's libjemalloc2 (apt-get install libjemalloc2), preloaded with
-    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2 MALLOC_CONF=retain:true,dirty_decay_ms:-1,muzzy_decay_ms:-1
-It keeps freed memory mapped, so the large per-step tensors (the (B*T, 50257) logits) are not unmapped and
-page-faulted back in every step as with glibc's mmap threshold.
-Without --data-dir, tiny Shakespeare (tests/fixtures/tinyshakespeare.txt) is tokenized into a
-temporary prepare_data-style folder first.
+    jemalloc        Debian's jemalloc preloaded (train.py then leaves malloc alone): apt-get install libjemalloc2,
+                    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2 MALLOC_CONF=retain:true,dirty_decay_ms:-1,...
+Without --data-dir, tiny Shakespeare (tests/fixtures/tinyshakespeare.txt) is tokenized into a temporary
+prepare_data-style folder first.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -40,6 +51,9 @@ from pilegpt.common import UserError, run_main  # noqa: E402
 JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
 JEMALLOC_CONF = "retain:true,dirty_decay_ms:-1,muzzy_decay_ms:-1"
 SHAKESPEARE = REPO / "tests" / "fixtures" / "tinyshakespeare.txt"
+SETTINGS = ["--n_layer=4", "--n_head=4", "--n_embd=128", "--vocab_size=50304", "--bias=False",
+            "--global_batch_size=12", "--device_train_microbatch_size=12"]
+NO_EXTRAS = ["--eval_interval=100000ba", "--save_interval=100000ba", "--sample_length=0", "--device=cpu"]
 
 
 def make_shakespeare_bin(folder: Path) -> Path:
@@ -56,54 +70,141 @@ VARIANTS = {  # name: (extra environment, extra train.py settings)
     "glibc": ({}, ["--cpu_malloc_tune=False"]),  # the baseline: glibc malloc as it comes
     "glibc+mallopt": ({}, ["--cpu_malloc_tune=True"]),  # train.py's default on CPU
     "jemalloc": ({"LD_PRELOAD": JEMALLOC, "MALLOC_CONF": JEMALLOC_CONF}, []),
+    "train.py": ({}, []),
+    "plain loop": ({}, []),
 }
 
 
-def run_once(data_dir: Path, work: Path, batches: int, skip: int, variant: str, extra: list[str]) -> float:
-    """Tokens/s of one train.py run: tokens per batch / median time of the batches after `skip`."""
-    run_dir = work / f"run-{variant}-{len(list(work.iterdir()))}"
+def plain_loop(argv: Sequence[str]) -> None:
+    """The baseline: model.py trained by hand, as nanoGPT's train.py does, on train.py's settings and batches.
+    argv: train.py's arguments (config file, --key=value). Writes to save_folder: steps.jsonl (batch, tokens, time_s,
+    cpu_s at each batch's end, as step_clock.StepClock for train.py), and metrics.jsonl once the first batch is done."""
+    import torch
+
+    from model import GPT
+    from pilegpt.common import tune_glibc_malloc
+    from pilegpt.loaders import build_dataloaders
+    from pilegpt.train_config import config_values, make_config
+
+    cfg = make_config(config_values(argv))
+    if cfg.cpu_malloc_tune:
+        tune_glibc_malloc()
+    torch.manual_seed(cfg.seed)
+    model = GPT(cfg.model_config())
+    optimizer = torch.optim.AdamW(model.optim_groups(cfg.weight_decay), lr=cfg.learning_rate,
+                                  betas=(cfg.beta1, cfg.beta2))
+    loader = build_dataloaders(cfg, 1, 0, pin_memory=False)[0].dataloader
+    max_batches, warmup = int(cfg.max_duration.rstrip("ba")), int(cfg.warmup.rstrip("ba"))
+
+    def lr(it: int) -> float:  # linear warmup, then cosine decay to min_lr (train.py's schedule)
+        if it < warmup:
+            return cfg.learning_rate * it / warmup
+        decay = 0.5 * (1 + math.cos(math.pi * (it - warmup) / max(1, max_batches - warmup)))
+        return cfg.min_lr + (cfg.learning_rate - cfg.min_lr) * decay
+
+    out = Path(cfg.save_folder)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for it, batch in enumerate(loader):
+        if it == max_batches:
+            break
+        for group in optimizer.param_groups:  # train.py's too: Composer steps its scheduler after a batch, at the
+            group["lr"] = lr(max(0, it - 1))  # timestamp of the batch before, so batch it trains at lr(it - 1)
+        _, loss = model(batch["x"], targets=batch["y"])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        rows.append({"batch": it + 1, "tokens": (it + 1) * batch["x"].numel(), "loss": loss.item(),
+                     "time_s": time.time(), "cpu_s": time.process_time()})
+        if it == 0:  # the first batch is done: run_once times the start-up by this file's appearance
+            (out / "metrics.jsonl").write_text(json.dumps(rows[0]) + "\n")
+    (out / "steps.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+class Run(NamedTuple):
+    step_s: float  # median wall-clock seconds per step over the batches after --skip
+    step_cpu_s: float  # median CPU seconds of the process per step, the same batches
+    tokens: int  # per batch
+    first_batch_s: float  # from the command to the end of the first batch
+
+
+def run_once(data_dir: Path, work: Path, batches: int, skip: int, variant: str, settings: list[str],
+             threads: Optional[int] = None) -> Run:
+    run_dir = work / f"run-{variant.replace(' ', '-')}-{len(list(work.iterdir()))}"
     env = dict(os.environ)
     env.update(VARIANTS[variant][0])
-    cmd = [sys.executable, str(REPO / "train.py"), str(REPO / "config" / "tiny.py"), f"--data_dir={data_dir}",
-           f"--max_duration={batches}ba", f"--save_folder={run_dir}", "--eval_interval=100000ba",
-           "--save_interval=100000ba", "--sample_length=0", "--device=cpu", *VARIANTS[variant][1], *extra]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise UserError(f"train.py failed ({' '.join(cmd)}):\n{(proc.stdout + proc.stderr)[-3000:]}")
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][skip - 1:]
-    # The median step time resists the bursts of load that other processes put on a shared machine.
-    step = statistics.median(b["time_s"] - a["time_s"] for a, b in zip(rows, rows[1:]))
-    return (rows[1]["tokens"] - rows[0]["tokens"]) / step
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    script = [str(Path(__file__).resolve()), "--plain-loop"] if variant == "plain loop" else [str(REPO / "train.py")]
+    if variant != "plain loop":  # train.py's batch ends, read by a callback (bench/step_clock.py)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "bench"), env.get("PYTHONPATH")]))
+        script.append(f"--callbacks={{'step_clock:StepClock': {{'path': {str(run_dir / 'steps.jsonl')!r}}}}}")
+    cmd = [sys.executable, *script, str(REPO / "config" / "tiny.py"), f"--data_dir={data_dir}",
+           f"--max_duration={batches}ba", f"--save_folder={run_dir}", *NO_EXTRAS, *settings, *VARIANTS[variant][1]]
+    metrics, start, first_batch = run_dir / "metrics.jsonl", time.time(), math.nan
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+        while proc.poll() is None:  # from the command to the end of the first batch: start-up as a user sees it
+            if math.isnan(first_batch) and metrics.is_file() and metrics.stat().st_size:
+                first_batch = time.time() - start
+            time.sleep(0.02)
+        if proc.returncode != 0:
+            log.seek(0)
+            raise UserError(f"{variant} failed ({' '.join(cmd)}):\n{log.read()[-3000:]}")
+    rows = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()][skip - 1:]
+    return Run(*(statistics.median(b[k] - a[k] for a, b in zip(rows, rows[1:])) for k in ("time_s", "cpu_s")),
+               rows[1]["tokens"] - rows[0]["tokens"], first_batch)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--plain-loop"]:  # one plain-loop run, started by run_once
+        plain_loop(argv[1:])
+        return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", type=Path, help="a prepare_data.py folder (default: tiny Shakespeare)")
-    parser.add_argument("--batches", type=int, default=30, help="batches per run")
-    parser.add_argument("--skip", type=int, default=5, help="first batches not timed (warm-up)")
-    parser.add_argument("--rounds", type=int, default=3, help="runs per set-up")
-    parser.add_argument("extra", nargs="*", help="more train.py --key=value settings, after --")
+    parser.add_argument("--batches", type=int, default=40, help="batches per run")
+    parser.add_argument("--skip", type=int, default=10, help="first batches not timed (warm-up)")
+    parser.add_argument("--rounds", type=int, default=3, help="runs per side")
+    parser.add_argument("--allocators", action="store_true", help="compare malloc set-ups of train.py instead")
+    parser.add_argument("--threads", type=int, help="OMP_NUM_THREADS for every run (1 resists a loaded machine)")
+    parser.add_argument("extra", nargs="*", help="more settings for both sides (--key=value), after --")
     args = parser.parse_args(argv)
-    if not Path(JEMALLOC).is_file():
-        raise UserError(f"{JEMALLOC} not found: apt-get install -y libjemalloc2")
     if args.skip < 1 or args.batches <= args.skip + 1:
         raise UserError("need --batches > --skip + 1 and --skip >= 1")
+    sides = ["glibc", "glibc+mallopt", "jemalloc"] if args.allocators else ["train.py", "plain loop"]
+    if args.allocators and not Path(JEMALLOC).is_file():
+        print(f"note: {JEMALLOC} not found (apt-get install -y libjemalloc2): comparing glibc set-ups only", flush=True)
+        sides.remove("jemalloc")
+    settings = [*SETTINGS, *args.extra]
     with tempfile.TemporaryDirectory(prefix="bench_train_") as tmp:
         tmp = Path(tmp)
-        data_dir = args.data_dir or make_shakespeare_bin(tmp)
+        data_dir = args.data_dir or make_shakespeare_bin(tmp / "data")
         work = tmp / "runs"
         work.mkdir()
-        results: dict[str, list[float]] = {name: [] for name in VARIANTS}
+        runs: dict[str, list[Run]] = {name: [] for name in sides}
         for r in range(args.rounds):
-            for name in VARIANTS:
-                tps = run_once(data_dir, work, args.batches, args.skip, name, args.extra)
-                results[name].append(tps)
-                print(f"round {r + 1}: {name:<14} {tps:8.0f} tokens/s", flush=True)
-    median = {name: statistics.median(v) for name, v in results.items()}
-    base = median["glibc"]
-    figures = ", ".join(f"{name} {tps:.0f} tokens/s ({tps / base:.2f}x)" for name, tps in median.items())
-    print(f"config/tiny.py on {os.cpu_count()} CPU cores, batches {args.skip + 1}-{args.batches}, median of "
-          f"{args.rounds}: {figures}")
+            for name in sides if r % 2 == 0 else sides[::-1]:  # alternate who goes first
+                run = run_once(data_dir, work, args.batches, args.skip, name, settings, args.threads)
+                runs[name].append(run)
+                print(f"round {r + 1}: {name:<14} {1000 * run.step_s:7.1f} ms/step ({1000 * run.step_cpu_s:7.1f} ms "
+                      f"CPU), first batch done {run.first_batch_s:5.1f} s after the command", flush=True)
+    threads = f", OMP_NUM_THREADS={args.threads}" if args.threads else ""
+    print(f"{' '.join(settings)} on {os.cpu_count()} CPU cores{threads}, batches {args.skip + 1}-{args.batches}, "
+          f"median of {args.rounds} rounds:")
+    median = {name: Run(*(statistics.median(getattr(run, k) for run in v) for k in Run._fields))
+              for name, v in runs.items()}
+    base = median["glibc" if args.allocators else "plain loop"]
+    for name, m in median.items():
+        if args.allocators:
+            print(f"  {name:<14} {m.tokens / m.step_s:7,.0f} tok/s ({base.step_s / m.step_s:.2f}x glibc), "
+                  f"{1000 * m.step_cpu_s:7.1f} ms CPU/step ({base.step_cpu_s / m.step_cpu_s:.2f}x glibc)")
+        else:
+            print(f"  {name:<14} {1000 * m.step_s:7.1f} ms/step ({m.step_s / base.step_s:.3f}x), "
+                  f"{1000 * m.step_cpu_s:7.1f} ms CPU/step ({m.step_cpu_s / base.step_cpu_s:.3f}x), "
+                  f"first batch {m.first_batch_s:.1f} s after the command")
     return 0
 
 

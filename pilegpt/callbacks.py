@@ -3,7 +3,7 @@
 - `SampleText`: a short text sample from the model after each evaluation and at the end (rank 0 prints it).
 - `ExportModel`: the weights-only model.pt (checkpoint.save_export) every save_interval and at the end.
 - `HellaSwagEval`: HellaSwag accuracy at every evaluation (hellaswag_examples), as eval.py scores it.
-- `StopOnNonFinite`: ends the run at the first NaN/inf loss or weight, before it is evaluated or saved.
+- `StopOnNonFinite`: ends the run at the first NaN/inf loss, or NaN/inf weights about to be saved.
 - `MetricsLog`: one JSON line per batch in metrics.jsonl (loss, lr, tokens/s, MFU, val loss), and the
   one-line step log when the progress bar is off.
 - `build_loggers`: W&B, TensorBoard, MLflow, by setting. (Composer's algorithms and callbacks by name, and the
@@ -16,6 +16,7 @@ Each is a Composer `Callback` or `LoggerDestination`: it acts on the events it d
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from typing import Any, Optional
@@ -182,22 +183,37 @@ class HellaSwagEval(Callback):
 
 
 class StopOnNonFinite(Callback):
-    """Ends the run at the first batch whose loss or updated weights hold a NaN or an infinity (on any rank),
-    or whose validation loss does, before that batch's checkpoint or export: the last checkpoint on disk
-    stays a good one."""
+    """Ends the run at the first NaN or infinity (on any rank) in the training loss, the validation loss, or the
+    weights about to be checkpointed or exported: the last checkpoint and model.pt on disk stay good ones.
 
-    def __init__(self, learning_rate: float):
+    Its cost does not grow with the model: each batch it reads the loss Composer has already all-reduced to a
+    Python float (state.total_loss_dict, the same on every rank; no kernel, collective or host sync). The weights
+    are checked once, fused (one inf-norm over all of them, all-reduced), right before each checkpoint and export
+    (save_interval's schedule, and the end of the run): it must come before ExportModel in the callbacks, and
+    Composer runs its CheckpointSaver after every callback. Weights that overflow between two checkpoints make the
+    next batch's loss non-finite, which stops the run there."""
+
+    def __init__(self, learning_rate: float, save_interval: str):
         self.learning_rate = learning_rate
+        self.should_check = create_interval_scheduler(save_interval)  # the CheckpointSaver's and ExportModel's
+        self.last_checked = -1
 
-    def batch_end(self, state: State, logger: Logger) -> None:  # after the optimizer step, before the checkpoint
-        losses = list(state.loss.values()) if isinstance(state.loss, dict) else [state.loss]
-        tensors = [t.detach() for t in losses] + [p.detach() for p in composer_model(state).parameters()]
-        finite = torch.stack([torch.isfinite(t).all() for t in tensors]).all()
-        bad = (~finite).float().reshape(1)
-        dist.all_reduce(bad, reduce_operation="MAX")  # every rank stops together
-        if bad.item():
-            what = "loss" if not all(torch.isfinite(t).all() for t in losses) else "weights after the update"
-            self.stop(f"training {what}", state)
+    def batch_end(self, state: State, logger: Logger) -> None:  # after the optimizer step, before evaluation
+        loss = state.total_loss_dict.get("loss/train/total") if state.total_loss_dict else None
+        if loss is not None and not math.isfinite(loss):
+            self.stop("training loss", state)
+
+    def run_event(self, event: Event, state: State, logger: Logger) -> None:
+        super().run_event(event, state, logger)
+        due = event in (Event.BATCH_CHECKPOINT, Event.EPOCH_CHECKPOINT) and self.should_check(state, event)
+        if (due or event == Event.FIT_END) and int(state.timestamp.batch) != self.last_checked:
+            self.last_checked = int(state.timestamp.batch)
+            params = [p.detach() for p in composer_model(state).parameters()]
+            largest = torch.nn.utils.get_total_norm(params, norm_type=math.inf).float().reshape(1)  # NaN if any
+            bad = (~torch.isfinite(largest)).float()
+            dist.all_reduce(bad, reduce_operation="MAX")  # every rank stops together
+            if bad.item():
+                self.stop("weights", state)
 
     def eval_after_all(self, state: State, logger: Logger) -> None:  # weights so large that outputs overflow
         value = state.eval_metric_values.get("LanguageCrossEntropy")

@@ -1,6 +1,7 @@
 """Test-only Composer callbacks that inject faults into a real train.py run, passed by import path:
 
     --callbacks="{'faults:KillDuringCheckpoint': {'batch': 6}}"     (with tests/ on PYTHONPATH)
+    --callbacks="{'faults:InfiniteWeight': {'batch': 6}}"
 """
 
 import io
@@ -47,3 +48,16 @@ class FailAtBatch(Callback):
     def batch_end(self, state: State, logger: Logger) -> None:
         if int(state.timestamp.batch) == self.batch:
             raise RuntimeError(f"injected failure at batch {self.batch}")
+
+
+class InfiniteWeight(Callback):
+    """Sets one weight to +inf after the optimizer step of `batch` (at BATCH_END, after train.py's own callbacks'
+    BATCH_END): the loss of that batch was finite, and the weights about to be checkpointed are not."""
+
+    def __init__(self, batch: int):
+        self.batch = batch
+
+    def batch_end(self, state: State, logger: Logger) -> None:
+        if int(state.timestamp.batch) == self.batch:
+            with torch.no_grad():
+                next(state.model.parameters()).view(-1)[0] = float("inf")

@@ -87,6 +87,24 @@ def test_a_diverging_loss_stops_the_run_before_any_bad_checkpoint(data_dir, tmp_
     assert max(losses_by_batch(run_dir)) <= last + 2  # stopped within a couple of batches of the last save
 
 
+def test_infinite_weights_are_never_checkpointed_or_exported(data_dir, tmp_path):
+    # The loss of batch 6 is finite; the weights after its update are not, and batch 6 is a checkpoint batch
+    # (no evaluation there: its loss would stop the run first).
+    run_dir = tmp_path / "run"
+    result = train_py(f"--data_dir={data_dir}", *ARGS, f"--save_folder={run_dir}", "--max_duration=9ba",
+                      "--eval_interval=100ba",
+                      "--callbacks={'faults:InfiniteWeight': {'batch': 6}}", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert error_lines(result) == [
+        "error: the weights went NaN or infinite at batch 6, so the run stopped before saving it: lower "
+        "--learning_rate (now 0.003) or raise --warmup, then continue from the last good checkpoint with "
+        "--autoresume=True"]
+    assert sorted(p.name for p in run_dir.glob("ep0-ba*-rank0.pt")) == ["ep0-ba3-rank0.pt"]
+    assert max(losses_by_batch(run_dir)) == 5  # batch 6's row is written at its checkpoint event: none after 5
+    exported = torch.load(run_dir / "model.pt", map_location="cpu", weights_only=True)
+    assert all(torch.isfinite(w).all() for w in exported["model"].values())
+
+
 def test_resuming_with_another_model_shape_is_one_line(data_dir, tmp_path):
     run_dir = tmp_path / "run"
     args = [f"--data_dir={data_dir}", *ARGS, f"--save_folder={run_dir}", "--max_duration=3ba"]

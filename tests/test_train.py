@@ -265,6 +265,40 @@ def test_golden_losses_of_tiny_config(shakespeare_tokens, tmp_path):
     np.testing.assert_allclose(losses, golden, rtol=1e-4)
 
 
+def test_the_per_batch_nan_check_reads_the_logged_loss_and_checks_weights_only_before_a_save():
+    from types import SimpleNamespace
+
+    from composer.core import Event
+
+    from pilegpt.callbacks import StopOnNonFinite
+
+    model = train.ComposerGPT(train.GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=4, vocab_size=16))
+    with torch.no_grad():
+        model.model.lm_head.weight[0, 0] = float("nan")
+    state = SimpleNamespace(model=model, total_loss_dict={"loss/train/total": 2.5},
+                            timestamp=SimpleNamespace(batch=7))
+    stop = StopOnNonFinite(learning_rate=1e-3, save_interval="100ba")
+    stop.batch_end(state, None)  # a finite loss: the weights are not read on an ordinary batch
+    with pytest.raises(UserError, match="the weights went NaN or infinite at batch 7"):
+        stop.run_event(Event.FIT_END, state, None)  # before the final checkpoint and export
+    state.total_loss_dict = {"loss/train/total": math.inf}
+    with pytest.raises(UserError, match="the training loss went NaN or infinite at batch 7, so the run stopped"):
+        stop.batch_end(state, None)
+
+
+@pytest.mark.slow
+def test_train_metrics_are_computed_only_when_a_stopper_watches_them(bin_dir, tmp_path):
+    args = [str(REPO / "config" / "tiny.py"), f"--data_dir={bin_dir}", *SMALL, "--max_duration=2ba", "--device=cpu",
+            "--eval_interval=100ba", "--sample_length=0"]
+    stopper = "--callbacks={'early_stopper': {'monitor': 'LanguageCrossEntropy', 'dataloader_label': 'train'}}"
+    for name, extra in (("plain", []), ("stopper", [stopper])):
+        train.main([*args, f"--save_folder={tmp_path / name}", *extra])
+    logged = {name: "".join(p.read_text() for p in (tmp_path / name / "logs").glob("*.txt")) for name in
+              ("plain", "stopper")}
+    assert "loss/train/total" in logged["plain"] and "metrics/train/" not in logged["plain"]
+    assert "metrics/train/LanguageCrossEntropy" in logged["stopper"]
+
+
 @pytest.mark.slow
 def test_cluster_logs_are_plain_lines_and_every_setting_reaches_the_loggers(bin_dir, tmp_path):
     hyper = tmp_path / "hyperparameters.json"
