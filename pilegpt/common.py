@@ -47,7 +47,23 @@ def run_main(main: Callable[[Optional[Sequence[str]]], int | None], argv: Option
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
+    except Exception as e:
+        if not interrupted(e):
+            raise
+        print("interrupted", file=sys.stderr)  # Ctrl-C landed inside a write, which then failed in its own way
+        sys.exit(130)
     sys.exit(code or 0)
+
+
+def interrupted(e: Optional[BaseException]) -> bool:
+    """Whether Ctrl-C (KeyboardInterrupt, or Composer's handler exiting with 130) is behind this exception."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, KeyboardInterrupt) or (isinstance(e, SystemExit) and e.code == 130):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 @contextmanager

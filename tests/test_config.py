@@ -268,3 +268,16 @@ def test_nanogpt_setting_names_get_a_hint_naming_ours(tmp_path, key, ours):
     path = write(tmp_path, "c.py", f"data_dir = 'd'\n{key} = 1\n")
     with pytest.raises(UserError, match=rf"c\.py: '{key}' is nanoGPT's name; here it is {ours}"):
         train_config.load_config([path])
+
+
+def test_ctrl_c_that_lands_inside_a_write_is_still_an_interrupt(capsys):
+    """Composer's SIGINT handler exits with 130 inside torch.save, which then fails with its own RuntimeError."""
+    def main(argv):
+        try:
+            raise SystemExit(130)
+        except SystemExit:
+            raise RuntimeError("unexpected pos 6573504 vs 6573396") from None
+
+    with pytest.raises(SystemExit) as e:
+        train.run_main(main, [])
+    assert e.value.code == 130 and capsys.readouterr().err == "interrupted\n"
