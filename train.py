@@ -42,6 +42,9 @@ Outputs (save_folder, local or s3://; default runs/{run_name}):
 With an s3:// save_folder, config.json, model.pt, metrics.jsonl, the report and the logs go to runs/{run_name}
 locally and uploaded (metrics as logs/{start time}-metrics.jsonl). Re-running with autoresume=True continues
 from the last checkpoint, data position included (metrics.jsonl then repeats the batches after it).
+SIGTERM (a scheduler's preemption notice): every rank stops after the current batch, which is checkpointed (and
+uploaded), and train.py exits with status 143 and one line saying to resume with --autoresume=True
+(pilegpt/preemption.py; with several processes launch with `python -m pilegpt.launch`, which forwards SIGTERM).
 """
 
 from __future__ import annotations
@@ -82,6 +85,7 @@ from pilegpt.extensions import build_algorithms, build_callbacks
 from pilegpt.hf import load_pretrained
 from pilegpt.loaders import build_dataloaders, build_eval_loader, data_tokenizer, eval_batch_size
 from pilegpt.metrics import BitsPerByte, CrossEntropyFromLoss, PerplexityFromLoss, token_bytes
+from pilegpt.preemption import PREEMPTED, StopOnSignal
 from pilegpt.report import PLOT, REPORT, write_report
 from pilegpt.resume import existing_checkpoints, set_aside_broken_checkpoints
 from pilegpt.s3 import lost_connection
@@ -268,7 +272,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if uploads is not None:
         loggers.insert(0, uploads)
     callbacks = [SpeedMonitor(window_size=cfg.speed_window), LRMonitor(), RuntimeEstimator(time_unit="seconds"),
-                 StopOnNonFinite(cfg.learning_rate),
+                 StopOnNonFinite(cfg.learning_rate), preemption := StopOnSignal(),
                  ExportModel(cfg.save_interval, run_dir, remote_name(EXPORT_NAME))]
     if device == "gpu":
         callbacks.append(MemoryMonitor())
@@ -335,6 +339,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             uploads.upload_file_async(remote_name(name), os.path.join(run_dir, name), overwrite=True)
     if uploads is not None:  # every checkpoint, model.pt, log and the report is in the bucket before "done"
         uploads.finish()
+    if preemption.stopped_at is not None:  # SIGTERM: the checkpoint of that batch is written (and uploaded)
+        preemption.finish()
+        if dist.get_global_rank() == 0:
+            print(f"{cfg.run_name}: stopped by SIGTERM after batch {preemption.stopped_at}, checkpoint saved in "
+                  f"{save_folder}; to continue, run the same command with --autoresume=True (exit status "
+                  f"{PREEMPTED})", flush=True)
+        return PREEMPTED
     if dist.get_global_rank() == 0:
         seconds = time.time() - t0
         batches, tokens = int(state.timestamp.batch) - start_batch, int(state.timestamp.token) - start_tokens

@@ -36,3 +36,15 @@ class KillDuringCheckpoint(Callback):
 
         torch.save = save
 
+
+
+class SlowBatches(Callback):
+    """Sleeps `seconds` after every batch, so that a test can signal a run of a few tiny batches mid-run."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def batch_end(self, state: State, logger: Logger) -> None:
+        import time
+
+        time.sleep(self.seconds)
