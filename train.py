@@ -83,7 +83,7 @@ from pilegpt.checkpoint import EXPORT_NAME
 from pilegpt.common import UserError, atomic_write_text, load_dotenv_file, mask_secrets, run_main, tune_glibc_malloc
 from pilegpt.extensions import build_algorithms, build_callbacks
 from pilegpt.hf import load_pretrained
-from pilegpt.loaders import build_dataloaders, build_eval_loader, data_tokenizer, eval_batch_size
+from pilegpt.loaders import build_dataloaders, build_eval_loader, data_tokenizer, eval_batch_size, eval_batches_per_rank
 from pilegpt.metrics import BitsPerByte, CrossEntropyFromLoss, PerplexityFromLoss, token_bytes
 from pilegpt.preemption import PREEMPTED, StopOnSignal
 from pilegpt.report import PLOT, REPORT, write_report
@@ -250,7 +250,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     eval_sets = {"val": val_spec} if val_spec is not None else {}
     eval_sets.update({label: build_eval_loader(cfg, location, world_size, rank, pin_memory=device == "gpu")
                       for label, location in cfg.eval_data.items()})  # named sets: owt_loss, owt_bpb, ...
-    evaluators = [Evaluator(label=label, dataloader=spec, metric_names=list(model.eval_metrics))
+    evaluators = [Evaluator(label=label, dataloader=spec, metric_names=list(model.eval_metrics),
+                            subset_num_batches=eval_batches_per_rank(cfg, spec, world_size))  # a global amount
                   for label, spec in eval_sets.items()] or None
     eval_interval, eval_batches = (cfg.eval_interval, cfg.eval_subset_num_batches) if evaluators else (1, -1)
     if val_spec is None and rank == 0:
