@@ -45,6 +45,9 @@ Outputs (save_folder, local or s3://; default runs/{run_name}):
 With an s3:// save_folder, config.json, model.pt, metrics.jsonl, the report and the logs go to runs/{run_name}
 locally and uploaded (metrics as logs/{start time}-metrics.jsonl). Re-running with autoresume=True continues
 from the last checkpoint, data position included (metrics.jsonl then repeats the batches after it).
+SIGTERM (a scheduler's preemption notice): every rank stops after the current batch, which is checkpointed (and
+uploaded), and train.py exits with status 143 and one line saying to resume with --autoresume=True
+(pilegpt/preemption.py; with several processes launch with `python -m pilegpt.launch`, which forwards SIGTERM).
 """
 
 from __future__ import annotations
@@ -92,8 +95,16 @@ from pilegpt.common import (
 )
 from pilegpt.extensions import build_algorithms, build_callbacks
 from pilegpt.hf import load_pretrained
-from pilegpt.loaders import build_dataloaders, build_eval_loader, data_tokenizer, eval_batch_size, refresh_mds_cache
+from pilegpt.loaders import (
+    build_dataloaders,
+    build_eval_loader,
+    data_tokenizer,
+    eval_batch_size,
+    eval_batches_per_rank,
+    refresh_mds_cache,
+)
 from pilegpt.metrics import BitsPerByte, CrossEntropyFromLoss, PerplexityFromLoss, token_bytes
+from pilegpt.preemption import PREEMPTED, StopOnSignal
 from pilegpt.report import PLOT, REPORT, write_report
 from pilegpt.resume import existing_checkpoints, set_aside_broken_checkpoints
 from pilegpt.s3 import lost_connection
@@ -281,7 +292,8 @@ def run(argv: Optional[Sequence[str]], held: contextlib.ExitStack) -> int:
     eval_sets = {"val": val_spec} if val_spec is not None else {}
     eval_sets.update({label: build_eval_loader(cfg, location, world_size, rank, pin_memory=device == "gpu")
                       for label, location in cfg.eval_data.items()})  # named sets: owt_loss, owt_bpb, ...
-    evaluators = [Evaluator(label=label, dataloader=spec, metric_names=list(model.eval_metrics))
+    evaluators = [Evaluator(label=label, dataloader=spec, metric_names=list(model.eval_metrics),
+                            subset_num_batches=eval_batches_per_rank(cfg, spec, world_size))  # a global amount
                   for label, spec in eval_sets.items()] or None
     eval_interval, eval_batches = (cfg.eval_interval, cfg.eval_subset_num_batches) if evaluators else (1, -1)
     if val_spec is None and rank == 0:
@@ -303,7 +315,7 @@ def run(argv: Optional[Sequence[str]], held: contextlib.ExitStack) -> int:
     if uploads is not None:
         loggers.insert(0, uploads)
     callbacks = [SpeedMonitor(window_size=cfg.speed_window), LRMonitor(), RuntimeEstimator(time_unit="seconds"),
-                 StopOnNonFinite(cfg.learning_rate, cfg.save_interval),
+                 StopOnNonFinite(cfg.learning_rate, cfg.save_interval), preemption := StopOnSignal(),
                  ExportModel(cfg.save_interval, run_dir, remote_name(EXPORT_NAME))]
     if device == "gpu":
         callbacks.append(MemoryMonitor())
@@ -381,6 +393,13 @@ def run(argv: Optional[Sequence[str]], held: contextlib.ExitStack) -> int:
                 uploads.upload_file_async(remote_name(name), os.path.join(run_dir, name), overwrite=True)
         if uploads is not None:  # every checkpoint, model.pt, log and the report is in the bucket before "done"
             uploads.finish()
+        if preemption.stopped_at is not None:  # SIGTERM: the checkpoint of that batch is written (and uploaded)
+            preemption.finish()
+            if dist.get_global_rank() == 0:
+                print(f"{cfg.run_name}: stopped by SIGTERM after batch {preemption.stopped_at}, checkpoint saved in "
+                      f"{save_folder}; to continue, run the same command with --autoresume=True (exit status "
+                      f"{PREEMPTED})", flush=True)
+            return PREEMPTED
     finally:
         if uploads is not None:  # the local copies go, also when the run fails
             uploads.shutdown()

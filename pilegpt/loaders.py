@@ -305,6 +305,7 @@ def build_dataloaders(cfg, world_size: int, rank: int, pin_memory: bool):
         train = DataLoader(train_set, batch_size=per_rank, sampler=sampler, drop_last=True, **loader_args)
         val = None
         if val_set is not None:
+            val_set = eval_subset(val_set, cfg)
             val_sampler = dist.get_sampler(val_set, shuffle=False, drop_last=False)
             val = DataLoader(val_set, batch_size=eval_bs, sampler=val_sampler, **loader_args)
     else:
@@ -333,6 +334,28 @@ def data_spec(loader):
 
     return DataSpec(loader, get_num_tokens_in_batch=lambda b: int(b["x"].numel()),
                     get_num_samples_in_batch=lambda b: int(b["x"].shape[0]))
+
+
+def eval_subset(val_set, cfg):
+    """The samples an evaluation reads from a .bin val split: the first eval_subset_num_batches x eval batch size
+    (all with -1), whatever the number of processes, which split them (DistributedSampler; Composer drops its
+    padding from the metrics): the val loss of given weights does not depend on the process count."""
+    from torch.utils.data import Subset
+
+    if cfg.eval_subset_num_batches < 0:
+        return val_set
+    return Subset(val_set, range(min(len(val_set), cfg.eval_subset_num_batches * eval_batch_size(cfg))))
+
+
+def eval_batches_per_rank(cfg, spec, world_size: int) -> int:
+    """The Evaluator's subset_num_batches for an eval set's DataSpec: -1 for a .bin split (eval_subset has cut it to
+    the global amount already); for MDS, the global eval_subset_num_batches split over the ranks (rounded up), which
+    keeps the number of samples but not which ones: Streaming partitions them by rank."""
+    from torch.utils.data import Subset
+
+    if cfg.eval_subset_num_batches < 0 or isinstance(spec.dataloader.dataset, Subset):
+        return -1
+    return -(-cfg.eval_subset_num_batches // world_size)
 
 
 def eval_batch_size(cfg) -> int:
@@ -376,6 +399,7 @@ def build_eval_loader(cfg, location: str, world_size: int, rank: int, pin_memory
     eval_bs = eval_batch_size(cfg)
     if local and detect_format(location, "auto") == "bin":
         val_set = bin_split(location, read_meta(location, cfg.vocab_size, rank), "val", cfg.block_size)
+        val_set = None if val_set is None else eval_subset(val_set, cfg)
         how = dict(sampler=None if val_set is None else dist.get_sampler(val_set, shuffle=False, drop_last=False))
     else:
         val_set = mds_split(other, "val", eval_bs, shuffle=False)

@@ -67,7 +67,7 @@ class TrainConfig:
     max_duration: str = "19073ba"  # training length: "19073ba" batches, "10000000000tok" tokens, "1ep" epochs
     # evaluation
     eval_interval: str = "1000ba"  # evaluate on the val split this often (and at the end)
-    eval_subset_num_batches: int = 20  # val batches per evaluation; -1 = the whole val split
+    eval_subset_num_batches: int = 20  # val batches per evaluation, all processes together; -1 = all
     eval_data: dict = field(default_factory=dict)  # more eval sets by name: {"owt": "data/owt", "pile": "s3://b/mds"}
     hellaswag_examples: int = 0  # HellaSwag examples scored at every evaluation (eval.py's scoring); 0 = off, -1 = all
     hellaswag_data: Optional[str] = None  # a local HellaSwag .jsonl; None = the official val set (downloaded once)

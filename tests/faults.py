@@ -61,3 +61,15 @@ class InfiniteWeight(Callback):
         if int(state.timestamp.batch) == self.batch:
             with torch.no_grad():
                 next(state.model.parameters()).view(-1)[0] = float("inf")
+
+
+class SlowBatches(Callback):
+    """Sleeps `seconds` after every batch, so that a test can signal a run of a few tiny batches mid-run."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def batch_end(self, state: State, logger: Logger) -> None:
+        import time
+
+        time.sleep(self.seconds)

@@ -1,0 +1,64 @@
+"""Preemption: a scheduler's SIGTERM (Slurm's --signal, Kubernetes before terminationGracePeriodSeconds) becomes a
+checkpoint at the end of the current batch and a distinct exit status, instead of a run that loses everything since
+its last periodic save.
+
+- `StopOnSignal`: the Composer callback train.py adds. The first SIGTERM sets a flag; at the end of every batch the
+  ranks agree (an all-reduce of the flag), so all of them stop after the same batch, and `State.stop_training()`
+  makes that batch the end of training: Composer's CheckpointSaver and ExportModel save at the end of training, and
+  FIT_END waits for the uploads. A second SIGTERM (more than 2 s after the first) ends the process at once; the
+  checkpoints already written stay whole (a file cut mid-write is set aside by autoresume: resume.py).
+- `PREEMPTED`: the exit status then, 143 (128 + SIGTERM, what a process killed by SIGTERM reports): schedulers
+  and wrappers already read it as "terminated", not as a failure of the program; the line before it and the
+  checkpoint at that batch tell it from a plain kill.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from typing import Optional
+
+import torch
+from composer.core import Callback, State
+from composer.loggers import Logger
+from composer.utils import dist
+
+PREEMPTED = 143
+REPEAT_S = 2.0  # SIGTERMs this close to the first are the same notice (see StopOnSignal.on_signal)
+
+
+class StopOnSignal(Callback):
+    """Stops training on every rank after the batch during which any rank received SIGTERM (see the module)."""
+
+    def __init__(self) -> None:
+        self.received, self.received_at = False, 0.0
+        self.stopped_at: Optional[int] = None  # the batch training stopped after, once it has
+
+    def fit_start(self, state: State, logger: Logger) -> None:
+        if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread
+            signal.signal(signal.SIGTERM, self.on_signal)
+
+    def on_signal(self, signum, frame) -> None:
+        # One notice can arrive twice within a moment: to the process group (Slurm, a terminal) and forwarded by
+        # pilegpt.launch. A SIGTERM more than REPEAT_S seconds after the first: no more grace, the process ends
+        # as SIGTERM ends it.
+        if self.received and time.monotonic() - self.received_at > REPEAT_S:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.raise_signal(signal.SIGTERM)
+        if not self.received:
+            self.received, self.received_at = True, time.monotonic()
+
+    def batch_end(self, state: State, logger: Logger) -> None:  # after the optimizer and scheduler steps
+        flag = state.device.tensor_to_device(torch.tensor([float(self.received)]))
+        dist.all_reduce(flag, reduce_operation="MAX")  # every rank stops after the same batch
+        if flag.item() and self.stopped_at is None:
+            self.stopped_at = int(state.timestamp.batch)
+            state.stop_training()  # this batch becomes the end of training: checkpoint, export, uploads
+
+    def finish(self) -> None:
+        """After the checkpoint is complete on every rank: a later SIGTERM (a launcher's clean-up) is ignored, so
+        the process exits with PREEMPTED."""
+        dist.barrier()
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)

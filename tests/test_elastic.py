@@ -1,0 +1,58 @@
+"""A run's numbers do not depend on how many processes produce them: eval_subset_num_batches is a global amount
+(batches of the eval batch size, split over the ranks), so the val loss of given weights is the same at 1 and 2
+processes."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers import SMALL, losses_by_batch, read_jsonl, run, shakespeare_tokens, write_bin
+from pilegpt.checkpoint import load_model
+from pilegpt.data import read_windows, window_starts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nproc", [0, 2])
+def test_the_val_loss_is_over_the_same_samples_at_any_process_count(tmp_path, nproc):
+    tokens = shakespeare_tokens()
+    write_bin(tmp_path / "data", tokens[:20_000])  # 2,000 val tokens: 62 windows of 32
+    # 3 batches of 3 windows = the first 9 windows, split 5 + 4 over 2 ranks (Composer drops the sampler's padding)
+    run([*SMALL, f"--data_dir={tmp_path / 'data'}", "--max_duration=2ba", "--eval_interval=2ba",
+         "--eval_subset_num_batches=3", "--device_eval_batch_size=3", "--progress_bar=False", "--save_folder=run",
+         "--sample_length=0", "--device=cpu"], cwd=tmp_path, nproc=nproc)
+    row = read_jsonl(tmp_path / "run" / "metrics.jsonl")[-1]
+
+    model = load_model(str(tmp_path / "run" / "model.pt"))  # the weights evaluated at batch 2
+    val = np.fromfile(tmp_path / "data" / "val.bin", dtype=np.uint16)
+    x, y = read_windows(val, window_starts(len(val), 32)[:9], 32)
+    with torch.no_grad():
+        logits, _ = model(torch.from_numpy(x.astype(np.int64)), torch.from_numpy(y.astype(np.int64)))
+    loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).double(), torch.from_numpy(y.reshape(-1).astype(
+        np.int64)))
+    assert math.isclose(row["val_loss"], float(loss), rel_tol=1e-5), (row["val_loss"], float(loss))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("before, after", [(2, 0), (0, 2)])
+def test_a_bin_run_resumed_at_another_process_count_keeps_its_global_batches(tmp_path, before, after):
+    """Checkpointed at batch 4 with 2 processes (or 1), continued with 1 (or 2): the same global batches in the
+    same order as a run that never changed size, so the same losses (within 1e-5)."""
+    write_bin(tmp_path / "data", shakespeare_tokens()[:20_000])
+    # a constant learning rate after warmup (min_lr = learning_rate), so that stopping at 4ba changes no schedule
+    args = [*SMALL, f"--data_dir={tmp_path / 'data'}", "--min_lr=3e-3", "--save_interval=4ba", "--eval_interval=100ba",
+            "--progress_bar=False", "--sample_length=0", "--device=cpu", "--global_batch_size=8",
+            "--device_train_microbatch_size=4", "--run_name=el"]
+    (tmp_path / "whole").mkdir()
+    (tmp_path / "resized").mkdir()
+    run([*args, "--max_duration=8ba", "--save_folder=run"], cwd=tmp_path / "whole", nproc=after)
+    run([*args, "--max_duration=4ba", "--save_folder=run"], cwd=tmp_path / "resized", nproc=before)
+    out = run([*args, "--max_duration=8ba", "--save_folder=run", "--autoresume=True"], cwd=tmp_path / "resized",
+              nproc=after)
+    assert "resuming from the checkpoint at batch 4 " in out
+    whole = losses_by_batch(tmp_path / "whole" / "run")
+    resized = losses_by_batch(tmp_path / "resized" / "run")
+    assert sorted(resized) == list(range(1, 9))
+    assert np.allclose([resized[b] for b in range(1, 9)], [whole[b] for b in range(1, 9)], rtol=0, atol=1e-5)
