@@ -160,6 +160,7 @@ def plot(rows: list[dict], out: Path, title: str) -> str:
     fig.tight_layout()
     with atomic_path(out) as tmp:
         fig.savefig(tmp, format="png")
+    plt.close(fig)
     first, last = sum(ys[:WINDOW]) / len(ys[:WINDOW]), sum(ys[-WINDOW:]) / len(ys[-WINDOW:])
     return (f"plot_loss: {len(train)} batches, train loss {first:.3f} -> {last:.3f}"
             + (f", last val loss {val[-1][1]:.3f}" if val else "") + f" -> {out}")

@@ -76,6 +76,14 @@ def write_bin(folder: Path, tokens: Union[np.ndarray, dict], val_fraction: float
     return folder
 
 
+def write_random_bin(folder: Path, seed: int = 0) -> Path:
+    """A .bin dataset of random GPT-2 ids (20,000 train, 3,000 val tokens): fault tests need data, not text."""
+    rng = np.random.default_rng(seed)
+    write_token_files(folder, {"train": rng.integers(0, GPT2_VOCAB_SIZE, 20_000),
+                               "val": rng.integers(0, GPT2_VOCAB_SIZE, 3_000)})
+    return folder
+
+
 def write_mds(out: Path, tokens: np.ndarray, block_size: int, max_samples: Optional[int] = None,
               size_limit: int = 1 << 16, compression: Optional[str] = None, hashes: Optional[list] = None,
               vocab_size: Optional[int] = None) -> int:

@@ -3,6 +3,7 @@ truncated checkpoint, a diverging loss, a changed model on resume. Each either r
 line, and what the user already has is kept."""
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -15,8 +16,8 @@ import pytest
 import torch
 
 from conftest import REPO, start_s3_server, stop
-from helpers import SMALL, checkpoint_state, losses_by_batch
-from pilegpt.data import write_token_files
+from helpers import SMALL, checkpoint_state, losses_by_batch, write_random_bin
+from pilegpt.resume import is_whole_checkpoint
 
 pytestmark = pytest.mark.slow
 ARGS = [*SMALL, "--device=cpu", "--sample_length=8", "--eval_interval=3ba", "--eval_subset_num_batches=1",
@@ -25,10 +26,7 @@ ARGS = [*SMALL, "--device=cpu", "--sample_length=8", "--eval_interval=3ba", "--e
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory) -> Path:
-    rng = np.random.default_rng(0)
-    folder = tmp_path_factory.mktemp("data") / "d"
-    write_token_files(folder, {"train": rng.integers(0, 50257, 20_000), "val": rng.integers(0, 50257, 3_000)})
-    return folder
+    return write_random_bin(tmp_path_factory.mktemp("data") / "d")
 
 
 def train_py(*args, cwd: Path) -> subprocess.CompletedProcess:
@@ -288,12 +286,22 @@ def test_a_second_run_into_a_held_folder_is_one_line_and_a_killed_holder_is_take
         first.kill()  # SIGKILL: its lock stays behind
         first.wait()
     assert (run_dir / ".lock").is_file()
-    last = max(int(p.name.split("-ba")[1].split("-")[0]) for p in run_dir.glob("ep0-ba*-rank0.pt"))
+    # the newest whole checkpoint (SIGKILL may land inside a write: autoresume sets that one aside)
+    last = max(int(p.name.split("-ba")[1].split("-")[0]) for p in run_dir.glob("ep0-ba*-rank0.pt")
+               if is_whole_checkpoint(p))
     resumed = subprocess.Popen([sys.executable, str(REPO / "train.py"), *args, "--max_duration=400ba",
                                 "--autoresume=True", "--eval_interval=400ba"], cwd=tmp_path, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
-    while not (run_dir / f"ep0-ba{last + 2}-rank0.pt").exists() and resumed.poll() is None and time.time() < deadline:
+    def resumed_and_saved() -> bool:  # the resumed run holds the lock and has written a whole new checkpoint
+        try:
+            held = json.loads((run_dir / ".lock").read_text()).get("pid") == resumed.pid
+        except (OSError, ValueError):
+            return False
+        newer = run_dir / f"ep0-ba{last + 2}-rank0.pt"
+        return held and newer.exists() and is_whole_checkpoint(newer)
+
+    while not resumed_and_saved() and resumed.poll() is None and time.time() < deadline:
         time.sleep(0.05)
     resumed.send_signal(signal.SIGINT)  # Ctrl-C
     out, err = resumed.communicate(timeout=120)

@@ -13,8 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import REPO, SMALL, losses_by_batch, read_jsonl, run
-from pilegpt.data import write_token_files
+from helpers import REPO, SMALL, losses_by_batch, read_jsonl, run, write_random_bin
 from pilegpt.preemption import PREEMPTED
 
 pytestmark = pytest.mark.slow
@@ -25,10 +24,7 @@ SLOW = "--callbacks={'faults:SlowBatches': {'seconds': 0.3}}"  # tests/faults.py
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory) -> Path:
-    rng = np.random.default_rng(0)
-    folder = tmp_path_factory.mktemp("data") / "d"
-    write_token_files(folder, {"train": rng.integers(0, 50257, 20_000), "val": rng.integers(0, 50257, 3_000)})
-    return folder
+    return write_random_bin(tmp_path_factory.mktemp("data") / "d")
 
 
 def signalled_run(args: list, cwd: Path, nproc: int, env: dict, after_batch: int = 3) -> tuple[int, str]:

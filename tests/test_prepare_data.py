@@ -195,7 +195,7 @@ def _make_resume_corpus(root, n_files, repeat=1):
 
 @pytest.mark.slow
 def test_killed_run_never_looks_complete_and_resumes_byte_identical(tmp_path):
-    corpus = _make_resume_corpus(tmp_path / "corpus", 12)
+    corpus = _make_resume_corpus(tmp_path / "corpus", 12, repeat=4)  # long enough to be killed on an idle machine
     cmd = [sys.executable, str(REPO / "prepare_data.py"), "--input", str(corpus), "--num-proc", "2",
            "--val-fraction", "0.01"]
     ref = tmp_path / "ref"
