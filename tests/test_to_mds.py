@@ -185,8 +185,12 @@ def test_a_failing_process_stops_the_run_with_one_line_and_writes_nothing(tmp_pa
     tokens[30_000] = 60_000  # out of the vocabulary, in a late shard: found by one of the processes
     data = write_bin(tmp_path / "data", {"train": tokens})
     out = tmp_path / "mds"
-    code, err = run_cli(["--bin", data, "--out", out, "--block-size", T, "--size-limit", "64kb", "--num-proc", "2"],
-                        capsys)
+    # A fresh process, as a user runs it: forking the pool inside pytest, whose earlier tests left threads
+    # running, can deadlock a child on a lock one of those threads held at the fork.
+    proc = subprocess.run([sys.executable, str(REPO / "to_mds.py"), "--bin", str(data), "--out", str(out),
+                           "--block-size", str(T), "--size-limit", "64kb", "--num-proc", "2"],
+                          capture_output=True, text=True, timeout=300)
+    code, err = proc.returncode, proc.stderr
     assert code == 2 and err.count("\n") == 1, err
     assert "token id 60000 at position 30000 is out of range" in err
     assert not out.exists() and leftovers(tmp_path) == []
