@@ -64,6 +64,27 @@ def checkpoint_saver_local_root(saver: Any, prefix: str) -> str | None:
     return root
 
 
+@contextlib.contextmanager
+def node_signal_files_per_node() -> Iterator[None]:
+    """Inside, the file by which Composer's processes of one node wait for that node's first process (an autoresume
+    download, a checkpoint load) has a name of that node's own.
+
+    Private: composer.utils.dist.get_node_signal_file_name broadcasts rank 0's name (`._signal_file_node0_...`) to
+    every rank, and the Trainer puts it in a folder whose path is rank 0's. Where the nodes see that folder as one
+    (a shared filesystem; two nodes on one host), each node's first process writes and then removes the same
+    file, and the second removal fails (FileNotFoundError): a multi-node autoresume crashes. Composer looks the
+    function up on the module at each call, so replacing it there suffices.
+    """
+    from composer.utils import dist
+
+    original = dist.get_node_signal_file_name
+    dist.get_node_signal_file_name = lambda rng=None: f"{original(rng)}_on{dist.get_node_rank()}"
+    try:
+        yield
+    finally:
+        dist.get_node_signal_file_name = original
+
+
 def activate_ema_weights(algorithm: Any, state: Any) -> None:
     """Swap EMA's averaged weights into the model, as Composer's EMA does itself before a checkpoint.
 

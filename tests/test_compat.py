@@ -92,3 +92,20 @@ def test_composer_exports_what_uploads_py_imports(name):
     import composer.utils
 
     assert hasattr(composer.utils, name)
+
+
+def test_each_node_gets_a_signal_file_name_of_its_own(monkeypatch):
+    """Composer broadcasts rank 0's wait-file name to every rank; inside, a node's name carries that node's rank
+    (so two nodes that see one folder never remove each other's file), and the trainer still looks it up."""
+    from composer.trainer import trainer
+    from composer.utils import checkpoint, dist
+
+    monkeypatch.setenv("NODE_RANK", "1")
+    original = dist.get_node_signal_file_name
+    with compat.node_signal_files_per_node():
+        name = dist.get_node_signal_file_name()
+    assert name.startswith("._signal_file_node1_") and name.endswith("_on1")  # one process: no broadcast here
+    assert dist.get_node_signal_file_name is original
+    for module in (trainer, checkpoint):  # both call it through the module, at each use
+        assert "dist.get_node_signal_file_name()" in inspect.getsource(module)
+    assert "broadcast_object_list(file_name_list, src=0)" in inspect.getsource(original)
