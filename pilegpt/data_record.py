@@ -114,6 +114,30 @@ def check_resume(record: dict, save_folder: str, ok: bool) -> Optional[str]:
                     "--data_changed_ok=True if the change is intended")
 
 
+def canonical_nodes(cfg, save_folder: Optional[str], nodes: int) -> int:
+    """Streaming's num_canonical_nodes for an MDS run on `nodes` nodes: the one in the run's data.json when it
+    resumes (`save_folder`), else cfg.num_canonical_nodes, else `nodes`. Streaming shuffles and partitions the
+    samples as for that many nodes, so the order is the run's, whatever number of nodes a resume runs on; it can
+    keep it on P nodes when P divides it or is a multiple of it, and a resume that cannot is refused in one line."""
+    saved = None
+    if save_folder is not None and not (storage.is_remote(save_folder) and not storage.is_s3(save_folder)):
+        try:
+            saved = json.loads(storage.folder(save_folder).get(DATA_JSON) or b"{}").get("num_canonical_nodes")
+        except (ValueError, AttributeError):
+            saved = None
+    where = storage.join(save_folder, DATA_JSON) if save_folder else ""
+    if saved is not None and cfg.num_canonical_nodes not in (None, saved):
+        raise UserError(f"num_canonical_nodes={cfg.num_canonical_nodes}, but the run's MDS sample order was fixed "
+                        f"with {saved} ({where}): leave num_canonical_nodes unset to continue the run, or start a new "
+                        "run with another --run_name")
+    value = saved or cfg.num_canonical_nodes or nodes
+    if value % nodes and nodes % value:
+        raise UserError(f"the run's MDS sample order is fixed for num_canonical_nodes={value}"
+                        f"{f' ({where})' if saved else ''}, which {nodes} nodes cannot keep (Streaming needs one to "
+                        f"divide the other): run on a number of nodes that divides {value} or is a multiple of it")
+    return value
+
+
 def write(record: dict, save_folder: str) -> None:
     """data.json := record (locally written whole, or one PUT on S3)."""
     if storage.is_remote(save_folder) and not storage.is_s3(save_folder):

@@ -264,8 +264,8 @@ def mds_split(cfg, split: str, batch_size: int, shuffle: bool):
         streams.append(Stream(remote=storage.join(root, split), local=mds_cache_dir(cfg.data_local, root, split),
                               validate_hash=validation_hash(index) if index is not None else None))
     try:
-        return CheckedStreamingDataset(streams=streams, batch_size=batch_size, shuffle=shuffle,
-                                                      shuffle_seed=cfg.seed)
+        return CheckedStreamingDataset(streams=streams, batch_size=batch_size, shuffle=shuffle, shuffle_seed=cfg.seed,
+                                       num_canonical_nodes=cfg.num_canonical_nodes)  # None: Streaming's default
     except (FileNotFoundError, ValueError) as e:
         raise UserError(f"cannot open MDS split {split}/ of {roots}: {e}") from None
 

@@ -52,6 +52,7 @@ class TrainConfig:
     data_local: str = "data/mds_cache"  # local cache of remote MDS shards (one subfolder per root and split)
     data_format: str = "auto"  # "auto" (look inside data_dir), "bin" or "mds"
     num_workers: int = 0  # DataLoader worker processes per rank (0 = load in the training process)
+    num_canonical_nodes: Optional[int] = None  # MDS sample order (Streaming's); None = the run's first node count
     # batch
     global_batch_size: int = 480  # sequences per optimizer step over all ranks (x block_size tokens)
     device_train_microbatch_size: Union[int, str] = 12  # sequences per forward/backward per device; "auto" (GPU)
@@ -134,6 +135,8 @@ class TrainConfig:
             errors.append(f"device_train_microbatch_size must be an integer or 'auto', got {mb!r}")
         if isinstance(mb, int) and mb < 1:
             errors.append(f"device_train_microbatch_size must be >= 1, got {mb}")
+        if self.num_canonical_nodes is not None and self.num_canonical_nodes < 1:
+            errors.append(f"num_canonical_nodes must be >= 1 (or None), got {self.num_canonical_nodes}")
         if self.device_eval_batch_size is not None and self.device_eval_batch_size < 1:
             errors.append(f"device_eval_batch_size must be >= 1, got {self.device_eval_batch_size}")
         if not 0 < self.learning_rate:

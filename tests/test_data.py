@@ -371,3 +371,23 @@ def test_a_rebuilt_mds_dataset_is_refused_on_resume_and_its_stale_cache_refreshe
     assert f"note: {cached_index.parent} held shards of an older version of the data: emptied" in out
     assert cached_index.read_bytes() == (root / "train" / "index.json").read_bytes()  # read from the new dataset
     assert "resumed at batch 2" in out
+
+
+def test_the_mds_sample_order_is_the_runs_on_any_number_of_nodes_that_can_keep_it(tmp_path):
+    """num_canonical_nodes: a new run's node count (or the config's), then the one in data.json on every resume;
+    a node count that cannot keep it, or a config that contradicts it, is one line."""
+    from types import SimpleNamespace
+
+    from pilegpt import data_record
+
+    unset, four = SimpleNamespace(num_canonical_nodes=None), SimpleNamespace(num_canonical_nodes=4)
+    assert data_record.canonical_nodes(unset, None, 2) == 2 and data_record.canonical_nodes(four, None, 2) == 4
+    data_record.write({"format": "mds", "num_canonical_nodes": 4}, str(tmp_path))
+    assert [data_record.canonical_nodes(unset, str(tmp_path), n) for n in (1, 2, 4, 8)] == [4, 4, 4, 4]
+    assert data_record.canonical_nodes(four, str(tmp_path), 1) == 4
+    with pytest.raises(UserError, match=r"num_canonical_nodes=4 .*which 3 nodes cannot keep .*divides 4"):
+        data_record.canonical_nodes(unset, str(tmp_path), 3)
+    with pytest.raises(UserError, match=r"num_canonical_nodes=2, but the run's MDS sample order was fixed with 4"):
+        data_record.canonical_nodes(SimpleNamespace(num_canonical_nodes=2), str(tmp_path), 2)
+    data_record.write({"format": "mds"}, str(tmp_path))  # a data.json from before: the node count of the resume
+    assert data_record.canonical_nodes(unset, str(tmp_path), 2) == 2
