@@ -80,7 +80,7 @@ from composer.optim import CosineAnnealingWithWarmupScheduler
 from composer.utils import dist, reproducibility
 
 from model import GPT, Block, GPTConfig
-from pilegpt import data_record, lock, storage
+from pilegpt import cluster, compat, data_record, lock, storage
 from pilegpt.callbacks import ExportModel, HellaSwagEval, MetricsLog, SampleText, StopOnNonFinite, build_loggers
 from pilegpt.checkpoint import EXPORT_NAME
 from pilegpt.common import (
@@ -232,8 +232,9 @@ def run(argv: Optional[Sequence[str]], held: contextlib.ExitStack) -> int:
     cfg = make_config(values, source.config if source is not None else None)
     # the launcher (composer -n N) sets these for each process
     world_size, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
-    per_rank = cfg.per_rank_batch(world_size)
-    device, precision = resolve_system(cfg, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    nodes, per_rank = max(1, world_size // local_world), cfg.per_rank_batch(world_size)
+    device, precision = resolve_system(cfg, local_world)
 
     # Where the run's files go: save_folder holds the checkpoints; run_dir the export, config and logs
     # (the same folder, or a local one that is uploaded beside the checkpoints of an s3:// save_folder).
@@ -245,6 +246,9 @@ def run(argv: Optional[Sequence[str]], held: contextlib.ExitStack) -> int:
     check_writable_folder(run_dir, "save_folder" if run_dir == save_folder else "the run's local folder",
                           "choose another --save_folder or --run_name" if run_dir == save_folder else
                           "run train.py from a folder you can write in")
+    if nodes > 1:  # a local save_folder must be one folder every node sees (rank 0 alone writes it), else refused
+        cluster.check_shared_save_folder(save_folder, device, world_size, local_world)
+        held.enter_context(compat.node_signal_files_per_node())  # Composer's waits across nodes (compat.py)
     if rank == 0 and not (storage.is_remote(save_folder) and not storage.is_s3(save_folder)):
         held.enter_context(lock.hold(save_folder, cfg.run_name))  # a second run into save_folder is refused
     if cfg.autoresume:  # a kill during a checkpoint write leaves a truncated file that autoresume trips over
@@ -261,6 +265,10 @@ def run(argv: Optional[Sequence[str]], held: contextlib.ExitStack) -> int:
         check_same_model(cfg, run_dir, save_folder)
     data = data_record.describe(cfg)  # what the run trains on (MDS: every index read, its shard names checked)
     note = data_record.check_resume(data, save_folder, cfg.data_changed_ok) if found and cfg.autoresume else None
+    if data["format"] == "mds":  # the sample order is the run's, on any number of nodes (data_record.py)
+        cfg = dataclasses.replace(cfg, num_canonical_nodes=data_record.canonical_nodes(
+            cfg, save_folder if found and cfg.autoresume else None, nodes))
+        data["num_canonical_nodes"] = cfg.num_canonical_nodes
     if rank == 0:
         if note:
             print(note, flush=True)
@@ -383,7 +391,7 @@ def run(argv: Optional[Sequence[str]], held: contextlib.ExitStack) -> int:
             if (full := failed_write(e, save_folder if not remote else run_dir)) is not None:
                 raise UserError(f"{full}: free space on that disk (or choose another --save_folder), then re-run "
                                 "with --autoresume=True: it continues from the last whole checkpoint") from None
-            if (line := lost_connection(e, "to S3 during training")) is None:
+            if (line := cluster.lost_peer(e) or lost_connection(e, "to S3 during training")) is None:
                 raise
             raise UserError(line) from None
         trainer.close()

@@ -1,0 +1,71 @@
+"""What a job of several nodes needs that a job on one machine does not.
+
+- `check_shared_save_folder`: rank 0 alone writes the checkpoints, model.pt, config.json and metrics. With a local
+  save_folder, they land on node 0's disk only, and a relaunch that puts rank 0 on another machine cannot resume;
+  so a job of several nodes with a local save_folder must see one folder from every node (a shared filesystem), or
+  use s3://. Checked before training: rank 0 writes a marker file of a name made for this start, every node's
+  first process looks for it, and without it the job is refused in one line on every rank.
+- `lost_peer`: when a node goes away (a machine lost, its processes killed), the other ranks' next collective fails
+  (gloo: "Connection closed by peer"; NCCL: its watchdog's timeout). Such an error becomes one line saying that
+  the job lost a process and how to continue, instead of a traceback on every surviving rank.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from typing import Optional
+
+from composer.utils import dist
+
+from pilegpt import storage
+from pilegpt.common import UserError
+
+MARKER_PREFIX = ".node0-"  # + a random token: the marker rank 0 writes into a local save_folder
+
+# What gloo and NCCL say when another process of the job is gone (a closed socket, a timed-out collective).
+LOST_PEER_SIGNS = ("Connection closed by peer", "Connection reset by peer", "NCCL communicator was aborted",
+                   "Watchdog caught collective operation timeout", "Socket Timeout")
+
+
+def check_shared_save_folder(save_folder: str, device: str, world_size: int, local_world: int) -> None:
+    """Refuse (UserError on every rank) a job of several nodes whose local save_folder the nodes do not share."""
+    if world_size <= local_world or storage.is_remote(save_folder):  # one node, or s3://: nothing to share
+        return
+    dist.initialize_dist(device)
+    rank, local_rank = dist.get_global_rank(), dist.get_local_rank()
+    token = [secrets.token_hex(8) if rank == 0 else None]
+    dist.broadcast_object_list(token, src=0)
+    marker = os.path.join(save_folder, MARKER_PREFIX + token[0])
+    if rank == 0:
+        os.makedirs(save_folder, exist_ok=True)
+        with open(marker, "w") as f:
+            f.write("node 0 of this job wrote this marker; every node must see it (pilegpt/cluster.py)\n")
+    dist.barrier()
+    seen = os.path.exists(marker) if local_rank == 0 else True
+    every = dist.all_gather_object(seen)
+    dist.barrier()  # every node has looked: the marker can go
+    if rank == 0:
+        os.remove(marker)
+    blind = sorted({r // local_world for r, ok in enumerate(every) if not ok})
+    if blind:
+        nodes = ", ".join(map(str, blind))
+        raise UserError(f"save_folder {os.path.abspath(save_folder)} is not shared by the job's nodes: node(s) {nodes} "
+                        "do not see node 0's files there, so the checkpoints would live on node 0's disk alone; use "
+                        "an s3:// save_folder or a folder on a filesystem every node mounts")
+
+
+def lost_peer(e: BaseException) -> Optional[str]:
+    """One line if `e` (or what caused it) says another process of the job is gone, else None."""
+    if not dist.is_initialized() or dist.get_world_size() < 2:
+        return None
+    seen = set()
+    while e is not None and id(e) not in seen:  # torch.distributed's errors are RuntimeErrors
+        seen.add(id(e))
+        if isinstance(e, RuntimeError) and any(s in str(e) for s in LOST_PEER_SIGNS):
+            rank = dist.get_global_rank()
+            return (f"rank {rank} lost contact with another process of the job (a node lost or killed: "
+                    f"{str(e).strip().splitlines()[-1][:160]}); the job stops. Relaunch every node with "
+                    "--autoresume=True: it continues from the last checkpoint in save_folder")
+        e = e.__cause__ or e.__context__
+    return None
