@@ -95,6 +95,7 @@ from pilegpt.common import (
 )
 from pilegpt.extensions import build_algorithms, build_callbacks
 from pilegpt.hf import load_pretrained
+from pilegpt.launch import die_with_launcher
 from pilegpt.loaders import (
     build_dataloaders,
     build_eval_loader,
@@ -217,6 +218,7 @@ def check_same_model(cfg: TrainConfig, run_dir: str, save_folder: str) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    die_with_launcher()  # started by pilegpt.launch: a SIGKILLed launcher leaves no rank training on
     with contextlib.ExitStack() as held:  # what the run holds (its save_folder's lock), released however it ends
         return run(argv, held)
 

@@ -2,12 +2,15 @@
 
     --callbacks="{'faults:KillDuringCheckpoint': {'batch': 6}}"     (with tests/ on PYTHONPATH)
     --callbacks="{'faults:InfiniteWeight': {'batch': 6}}"
+    --callbacks="{'faults:SlowPreemptionCheckpoint': {'marker': '/tmp/x/writing'}}"
 """
 
 import io
 import os
 import re
 import signal
+import time
+from pathlib import Path
 
 import torch
 from composer.core import Callback, State
@@ -37,6 +40,38 @@ class KillDuringCheckpoint(Callback):
 
         torch.save = save
 
+
+class SlowPreemptionCheckpoint(Callback):
+    """After this process received SIGTERM (train.py's StopOnSignal saw it), the next Composer checkpoint it writes,
+    the preemption one, stops halfway: half its bytes are on disk, `marker` is written (holding the checkpoint's
+    file name), and the write waits `seconds` before finishing. A test that waits for the marker sends its second
+    SIGTERM or SIGKILL inside that window, deterministically."""
+
+    def __init__(self, marker: str, seconds: float = 600):
+        self.marker, self.seconds = Path(marker), seconds
+
+    def fit_start(self, state: State, logger: Logger) -> None:
+        from pilegpt.preemption import StopOnSignal
+
+        stopper = next(c for c in state.callbacks if isinstance(c, StopOnSignal))
+        real_save = torch.save
+
+        def save(obj, f, *args, **kwargs):
+            name = str(getattr(f, "name", ""))
+            if not (stopper.received and re.search(r"ep\d+-ba\d+-rank\d+\.pt$", name) and hasattr(f, "write")):
+                return real_save(obj, f, *args, **kwargs)
+            buffer = io.BytesIO()
+            real_save(obj, buffer, *args, **kwargs)
+            whole = buffer.getvalue()
+            f.write(whole[: len(whole) // 2])
+            f.flush()
+            os.fsync(f.fileno())
+            self.marker.with_suffix(".tmp").write_text(Path(name).name)
+            os.replace(self.marker.with_suffix(".tmp"), self.marker)  # whole, or not there
+            time.sleep(self.seconds)
+            f.write(whole[len(whole) // 2:])
+
+        torch.save = save
 
 
 class FailAtBatch(Callback):
@@ -70,6 +105,4 @@ class SlowBatches(Callback):
         self.seconds = seconds
 
     def batch_end(self, state: State, logger: Logger) -> None:
-        import time
-
         time.sleep(self.seconds)
