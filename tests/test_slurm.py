@@ -1,7 +1,7 @@
 """scripts/slurm/launch.sh, the per-node launch logic of scripts/slurm/train.sbatch, run with the variables Slurm
 sets for a job of 2 nodes, both on 127.0.0.1 (`scontrol` is a stub that names the host): each "node" in its own
 folder with its own copy of the data, as on a cluster; the losses equal one node with 2 processes. (No slurmctld /
-slurmd here: the batch script's srun and requeue are not run.)"""
+slurmd here: the batch script's srun and requeue run on a real one-node Slurm in test_slurm_real.py.)"""
 
 import os
 import subprocess
