@@ -208,6 +208,15 @@ class S3Server:
         return boto3.client("s3", endpoint_url=self.endpoint_url, aws_access_key_id=self.access_key,
                             aws_secret_access_key=self.secret_key, region_name="us-east-1")
 
+    def upload_tree(self, folder: Path, prefix: str) -> str:
+        """Every file under folder to s3://bucket/prefix/... through the S3 API (never by writing into root: the
+        server caches its listings, so a file put beside it can stay unseen for minutes); returns that URL."""
+        client = self.client()
+        for path in sorted(Path(folder).rglob("*")):
+            if path.is_file():
+                client.upload_file(str(path), self.bucket, f"{prefix}/{path.relative_to(folder).as_posix()}")
+        return f"s3://{self.bucket}/{prefix}"
+
 
 def start_s3_server(root: Path, port: int = 0, bucket: str = "test-bucket", log: Optional[Path] = None,
                     extra_args: tuple = ()) -> tuple[subprocess.Popen, S3Server]:

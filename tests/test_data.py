@@ -292,11 +292,7 @@ def test_an_s3_index_naming_a_key_outside_its_prefix_is_one_line(s3_env, tmp_pat
     """From S3, a '..' key made Streaming retry forever (10 minutes, 100% CPU, ~1,000 sockets) until killed."""
     root = write_mds_splits(tmp_path / "mds", np.random.default_rng(4).integers(0, 50257, 20_000).astype(np.uint16))
     hostile_index(root / "train", "../../outside.mds.zstd")
-    client, prefix = s3_env.client(), f"hostile-{os.getpid()}/mds"
-    for path in root.rglob("*"):
-        if path.is_file():
-            client.upload_file(str(path), s3_env.bucket, f"{prefix}/{path.relative_to(root).as_posix()}")
-    remote = f"s3://{s3_env.bucket}/{prefix}"
+    remote = s3_env.upload_tree(root, f"hostile-{os.getpid()}/mds")
     result = subprocess.run([sys.executable, str(REPO / "train.py"), f"--data_remote={remote}", *TRAIN,
                              f"--save_folder={tmp_path / 'run'}", f"--data_local={tmp_path / 'cache'}"],
                             capture_output=True, text=True, timeout=300, cwd=tmp_path,

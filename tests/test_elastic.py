@@ -36,22 +36,21 @@ def test_the_val_loss_is_over_the_same_samples_at_any_process_count(tmp_path, np
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("before, after", [(2, 0), (0, 2)])
-def test_a_bin_run_resumed_at_another_process_count_keeps_its_global_batches(tmp_path, before, after):
-    """Checkpointed at batch 4 with 2 processes (or 1), continued with 1 (or 2): the same global batches in the
-    same order as a run that never changed size, so the same losses (within 1e-5)."""
+def test_a_bin_run_resumed_at_other_process_counts_keeps_its_global_batches(tmp_path):
+    """Checkpointed at batch 3 by 1 process, continued by 2 to batch 6, then by 1 again to batch 8 (1 -> 2 -> 1): the
+    same global batches in the same order as a run that never changed size, so the same losses (within 1e-5)."""
     write_bin(tmp_path / "data", shakespeare_tokens()[:20_000])
-    # a constant learning rate after warmup (min_lr = learning_rate), so that stopping at 4ba changes no schedule
-    args = [*SMALL, f"--data_dir={tmp_path / 'data'}", "--min_lr=3e-3", "--save_interval=4ba", "--eval_interval=100ba",
+    # a constant learning rate after warmup (min_lr = learning_rate), so that where a run stops changes no schedule
+    args = [*SMALL, f"--data_dir={tmp_path / 'data'}", "--min_lr=3e-3", "--save_interval=3ba", "--eval_interval=100ba",
             "--progress_bar=False", "--sample_length=0", "--device=cpu", "--global_batch_size=8",
-            "--device_train_microbatch_size=4", "--run_name=el"]
+            "--device_train_microbatch_size=4", "--run_name=el", "--save_folder=run"]
     (tmp_path / "whole").mkdir()
     (tmp_path / "resized").mkdir()
-    run([*args, "--max_duration=8ba", "--save_folder=run"], cwd=tmp_path / "whole", nproc=after)
-    run([*args, "--max_duration=4ba", "--save_folder=run"], cwd=tmp_path / "resized", nproc=before)
-    out = run([*args, "--max_duration=8ba", "--save_folder=run", "--autoresume=True"], cwd=tmp_path / "resized",
-              nproc=after)
-    assert "resuming from the checkpoint at batch 4 " in out
+    run([*args, "--max_duration=8ba"], cwd=tmp_path / "whole")
+    run([*args, "--max_duration=3ba"], cwd=tmp_path / "resized")
+    for nproc, start, end in ((2, 3, 6), (0, 6, 8)):
+        out = run([*args, f"--max_duration={end}ba", "--autoresume=True"], cwd=tmp_path / "resized", nproc=nproc)
+        assert f"resuming from the checkpoint at batch {start} " in out and f"done: {end - start} batches" in out
     whole = losses_by_batch(tmp_path / "whole" / "run")
     resized = losses_by_batch(tmp_path / "resized" / "run")
     assert sorted(resized) == list(range(1, 9))

@@ -105,10 +105,11 @@ def test_a_job_of_two_nodes_survives_a_lost_node_a_preemption_and_a_resume_on_on
     s3 = s3_env
     bucket = s3.root / s3.bucket
     tokens = shakespeare_tokens()[:40_000]
-    write_mds(bucket / "mn" / "train", tokens[:36_000], block_size=32, size_limit=1 << 13)
-    write_mds(bucket / "mn" / "val", tokens[36_000:], block_size=32)
+    write_mds(tmp_path / "mds" / "train", tokens[:36_000], block_size=32, size_limit=1 << 13)
+    write_mds(tmp_path / "mds" / "val", tokens[36_000:], block_size=32)
+    remote = s3.upload_tree(tmp_path / "mds", "mn")
     # a constant learning rate after warmup, so that where a run stops changes no schedule
-    args = [*SMALL, f"--data_remote=s3://{s3.bucket}/mn", "--min_lr=3e-3", "--sample_length=0", "--device=cpu",
+    args = [*SMALL, f"--data_remote={remote}", "--min_lr=3e-3", "--sample_length=0", "--device=cpu",
             "--progress_bar=False", "--eval_interval=100ba", "--save_interval=3ba", "--max_duration=9ba",
             "--run_name=mn"]
 
@@ -145,8 +146,10 @@ def test_a_job_of_two_nodes_survives_a_lost_node_a_preemption_and_a_resume_on_on
     assert (code0, code1) == (PREEMPTED, PREEMPTED), out0[-3000:] + out1[-3000:]
     assert "resuming from the checkpoint at batch 3 " in out0
     stop = int(out0.split("stopped by SIGTERM after batch ")[1].split(",")[0])
-    assert (bucket / "job" / f"ep0-ba{stop}-rank0.pt").is_file()
+    assert (bucket / "job" / f"ep0-ba{stop}-rank0.pt").is_file() and (bucket / "job" / "model.pt").is_file()
+    assert s3.secret_key not in out0 + out1
     second = losses_by_batch(nodes[0] / "runs" / "mn")  # metrics.jsonl repeats the batches after the resume
+    assert list((bucket / "job" / "logs").glob("*-rank1.txt"))  # node 1's log is the job's too: uploaded
 
     # 3. one node of one process, on another machine, continues from exactly that batch (2 nodes -> 1)
     alone = tmp_path / "alone"

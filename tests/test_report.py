@@ -47,10 +47,8 @@ def test_report_of_a_local_run(tmp_path):
 @pytest.mark.s3
 def test_report_of_a_run_on_s3_is_uploaded_beside_it(tmp_path, s3_env):
     write_run(tmp_path / "run", "logs/20261201-000000-metrics.jsonl")
+    s3_env.upload_tree(tmp_path / "run", "runs/r")
     client = s3_env.client()
-    for path in (tmp_path / "run").rglob("*"):
-        if path.is_file():
-            client.upload_file(str(path), s3_env.bucket, f"runs/r/{path.relative_to(tmp_path / 'run').as_posix()}")
     assert report.main([f"s3://{s3_env.bucket}/runs/r"]) == 0
     text = client.get_object(Bucket=s3_env.bucket, Key="runs/r/report.md")["Body"].read().decode()
     check(text, f"s3://{s3_env.bucket}/runs/r/logs/20261201-000000-metrics.jsonl")

@@ -1,8 +1,9 @@
 """scripts/slurm/launch.sh, the per-node launch logic of scripts/slurm/train.sbatch, run with the variables Slurm
 sets for a job of 2 nodes, both on 127.0.0.1 (`scontrol` is a stub that names the host): each "node" in its own
 folder with its own copy of the data, as on a cluster, and a save_folder on a filesystem both nodes see (a shared
-folder is accepted; test_multinode.py shows an unshared one refused); the losses equal one node with 2 processes.
-(The batch script's srun and requeue run on a real one-node Slurm in test_slurm_real.py.)"""
+folder is accepted; test_multinode.py shows an unshared one refused). The two launchers form one job of 2
+processes that trains every batch; that two nodes give the losses of one node of 2 processes is
+test_multinode.py's. (The batch script's srun and requeue run on a real one-node Slurm in test_slurm_real.py.)"""
 
 import os
 import signal
@@ -12,12 +13,12 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import REPO, SMALL, free_port, losses_by_batch, run, shakespeare_tokens, write_bin
+from helpers import REPO, SMALL, free_port, losses_by_batch, shakespeare_tokens, write_bin
 
 pytestmark = pytest.mark.slow
 
 
-def test_two_slurm_nodes_on_one_host_train_as_one_node_of_two_processes(tmp_path):
+def test_two_slurm_nodes_on_one_host_form_one_job_that_trains_every_batch(tmp_path):
     args = [*SMALL, "--max_duration=4ba", "--eval_interval=100ba", "--save_interval=100ba", "--progress_bar=False",
             "--sample_length=0", "--device=cpu"]
     stub = tmp_path / "bin"
@@ -53,13 +54,8 @@ def test_two_slurm_nodes_on_one_host_train_as_one_node_of_two_processes(tmp_path
         log.close()
     procs = [p for p, _ in procs]
     assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-3000:] for o in outs)
-    assert "2 process(es)" in outs[0]
-    two_nodes = losses_by_batch(tmp_path / "shared")
+    assert "2 process(es)" in outs[0]  # one job: the launchers met at the master address and port launch.sh gave
     assert not [p.name for p in (tmp_path / "shared").iterdir() if p.name.startswith(".node0-")]  # marker removed
-
-    one_node = tmp_path / "one_node"
-    write_bin(one_node / "data", shakespeare_tokens()[:20_000])
-    run([*args, f"--data_dir={one_node / 'data'}", "--save_folder=run"], cwd=one_node, nproc=2)
-    expected = losses_by_batch(one_node / "run")
-    assert sorted(two_nodes) == [1, 2, 3, 4]
-    assert np.allclose([two_nodes[b] for b in range(1, 5)], [expected[b] for b in range(1, 5)], rtol=0, atol=1e-5)
+    two_nodes = losses_by_batch(tmp_path / "shared")
+    assert sorted(two_nodes) == [1, 2, 3, 4] and all(np.isfinite(list(two_nodes.values())))
+    assert list((tmp_path / "shared" / "logs").glob("*-rank1.txt"))  # node 1's process wrote its log there too

@@ -198,11 +198,8 @@ def test_local_mds_training_resumes_the_streaming_position(mds_dir, tmp_path, ca
 @pytest.mark.slow
 def test_two_processes_train_data_parallel_on_different_mds_samples_from_s3_and_save_to_s3(s3_env, mds_dir,
                                                                                           tmp_path):
-    client = s3_env.client()
-    for path in mds_dir.rglob("*"):
-        if path.is_file():
-            client.upload_file(str(path), s3_env.bucket, f"pile/mds/{path.relative_to(mds_dir).as_posix()}")
-    args = [str(REPO / "config" / "tiny.py"), f"--data_remote=s3://{s3_env.bucket}/pile/mds", *SMALL,
+    client, remote = s3_env.client(), s3_env.upload_tree(mds_dir, "pile/mds")
+    args = [str(REPO / "config" / "tiny.py"), f"--data_remote={remote}", *SMALL,
             f"--data_local={tmp_path / 'cache'}", "--max_duration=3ba", "--eval_interval=3ba",
             "--eval_subset_num_batches=1", f"--save_folder=s3://{s3_env.bucket}/runs/s3run", "--save_interval=3ba",
             "--device=cpu", "--sample_length=0", "--run_name=s3run", batch_log(tmp_path / "runs" / "s3run")]
