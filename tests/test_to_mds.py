@@ -180,6 +180,7 @@ def test_num_proc_1_and_2_write_the_same_bytes_holding_the_bin_windows(tmp_path,
             assert np.array_equal(s["x"], tokens[i:i + T]) and np.array_equal(s["y"], tokens[i + 1:i + 1 + T])
 
 
+@pytest.mark.slow  # a subprocess run of ~9 s
 def test_a_failing_process_stops_the_run_with_one_line_and_writes_nothing(tmp_path, small_tokens, capsys):
     tokens = small_tokens["train"].copy()
     tokens[30_000] = 60_000  # out of the vocabulary, in a late shard: found by one of the processes
@@ -287,6 +288,7 @@ def test_cli_error_exit_code_and_single_line(tmp_path):
     assert not (tmp_path / "mds").exists()
 
 
+@pytest.mark.slow  # a subprocess run of ~9 s
 def test_uint16_bin_with_a_vocabulary_of_every_uint16_id_converts_and_verifies(tmp_path):
     """--vocab-size 65536 on uint16: every id of the dtype is in the vocabulary (numpy 2.1 crashed, SIGSEGV,
     comparing a strided uint16 view with 65536); the highest id 65535 reaches the shards."""
