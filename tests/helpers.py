@@ -14,6 +14,7 @@ import http.server
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -139,6 +140,31 @@ def run(args: list[str], cwd: Path, nproc: int = 0, timeout: int = 300) -> str:
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
     return out
+
+
+def start_launcher(cmd: list, cwd: Path, env: dict, log: Path) -> subprocess.Popen:
+    """One node's launcher, in its own process group, its output to the file `log` (not a pipe: a launcher
+    blocked on a full pipe would hang the whole job); finish_launchers collects it."""
+    out = open(log, "w+")
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    proc.log = out
+    return proc
+
+
+def finish_launchers(procs: list[subprocess.Popen], timeout: float = 300) -> list[tuple[int, str]]:
+    """Each start_launcher process's (exit status, output); one still running `timeout` s after the ones before
+    it is killed with its group (the launcher and its training processes)."""
+    results = []
+    for p in procs:
+        try:
+            p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        p.log.seek(0)
+        results.append((p.returncode, p.log.read()))
+        p.log.close()
+    return results
 
 
 def read_jsonl(path: Path) -> list[dict]:

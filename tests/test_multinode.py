@@ -22,7 +22,19 @@ import numpy as np
 import psutil
 import pytest
 
-from helpers import REPO, SMALL, free_port, losses_by_batch, read_jsonl, run, shakespeare_tokens, write_bin, write_mds
+from helpers import (
+    REPO,
+    SMALL,
+    finish_launchers,
+    free_port,
+    losses_by_batch,
+    read_jsonl,
+    run,
+    shakespeare_tokens,
+    start_launcher,
+    write_bin,
+    write_mds,
+)
 from pilegpt.preemption import PREEMPTED
 
 pytestmark = pytest.mark.slow
@@ -54,14 +66,11 @@ def start_nodes(args: list, folders: list[Path], env: dict, nproc: int = 1, wrap
     procs = []
     for node, folder in enumerate(folders):
         folder.mkdir(parents=True, exist_ok=True)
-        log = open(folder / f"launch{len(list(folder.glob('launch*.log')))}.log", "w+")  # a file: no full pipe
-        proc = subprocess.Popen(
+        procs.append(start_launcher(
             [*wrap, sys.executable, "-m", "pilegpt.launch", "--world_size", str(len(folders) * nproc),
              "--nproc", str(nproc), "--node_rank", str(node), "--master_addr", "127.0.0.1", "--master_port", str(port),
-             str(REPO / "train.py"), *args], cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True)
-        proc.log = log
-        procs.append(proc)
+             str(REPO / "train.py"), *args],
+            folder, env, folder / f"launch{len(list(folder.glob('launch*.log')))}.log"))
     return procs
 
 
@@ -69,24 +78,9 @@ def wait_for_batch(metrics: Path, batch: int, procs: list[subprocess.Popen], tim
     deadline = time.time() + timeout
     while not (metrics.is_file() and any(r.get("batch", 0) >= batch for r in read_jsonl(metrics))):
         if time.time() > deadline or any(p.poll() is not None for p in procs):
-            outs = [out[-3000:] for _, out in finish(procs, timeout=30)]
+            outs = [out[-3000:] for _, out in finish_launchers(procs, timeout=30)]
             raise AssertionError(f"the run ended before batch {batch}:\n" + "\n-----\n".join(outs))
         time.sleep(0.05)
-
-
-def finish(procs: list[subprocess.Popen], timeout: float = 300) -> list[tuple[int, str]]:
-    """Each launcher's (exit status, output); whatever is still running after `timeout` is killed (group)."""
-    results = []
-    for p in procs:
-        try:
-            p.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-        p.log.seek(0)
-        results.append((p.returncode, p.log.read()))
-        p.log.close()
-    return results
 
 
 def left_behind(folders: list[Path]) -> list[str]:
@@ -129,7 +123,7 @@ def test_a_job_of_two_nodes_survives_a_lost_node_a_preemption_and_a_resume_on_on
     wait_for_batch(metrics, 4, procs)
     os.killpg(procs[1].pid, signal.SIGKILL)
     lost_at = time.time()
-    (code0, out0), _ = finish(procs, timeout=LOST_NODE_BOUND_S)
+    (code0, out0), _ = finish_launchers(procs, timeout=LOST_NODE_BOUND_S)
     assert time.time() - lost_at < LOST_NODE_BOUND_S and code0 != 0, out0[-4000:]
     lines = [line for line in out0.splitlines() if "lost contact with another process of the job" in line]
     assert lines and "--autoresume=True" in lines[0], out0[-4000:]
@@ -142,7 +136,7 @@ def test_a_job_of_two_nodes_survives_a_lost_node_a_preemption_and_a_resume_on_on
     wait_for_batch(metrics, 5, procs)
     for p in procs:  # the scheduler signals every node
         p.send_signal(signal.SIGTERM)
-    (code0, out0), (code1, out1) = finish(procs)
+    (code0, out0), (code1, out1) = finish_launchers(procs)
     assert (code0, code1) == (PREEMPTED, PREEMPTED), out0[-3000:] + out1[-3000:]
     assert "resuming from the checkpoint at batch 3 " in out0
     stop = int(out0.split("stopped by SIGTERM after batch ")[1].split(",")[0])
@@ -170,7 +164,7 @@ def test_a_local_save_folder_the_nodes_do_not_share_is_refused_before_training(t
         write_bin(folder / "data", shakespeare_tokens()[:20_000])
     args = [*SMALL, "--data_dir=data", "--save_folder=run", "--device=cpu", "--progress_bar=False",
             "--max_duration=2ba", "--sample_length=0"]
-    results = finish(start_nodes(args, nodes, os.environ))
+    results = finish_launchers(start_nodes(args, nodes, os.environ))
     for node, (code, out) in enumerate(results):
         assert code != 0, out[-3000:]
         lines = [line for line in out.splitlines() if "is not shared by the job's nodes" in line]

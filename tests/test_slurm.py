@@ -6,14 +6,21 @@ processes that trains every batch; that two nodes give the losses of one node of
 test_multinode.py's. (The batch script's srun and requeue run on a real one-node Slurm in test_slurm_real.py.)"""
 
 import os
-import signal
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from helpers import REPO, SMALL, free_port, losses_by_batch, shakespeare_tokens, write_bin
+from helpers import (
+    REPO,
+    SMALL,
+    finish_launchers,
+    free_port,
+    losses_by_batch,
+    shakespeare_tokens,
+    start_launcher,
+    write_bin,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -34,26 +41,11 @@ def test_two_slurm_nodes_on_one_host_form_one_job_that_trains_every_batch(tmp_pa
         env = {**os.environ, "PATH": f"{stub}{os.pathsep}{os.environ['PATH']}", "SLURM_NNODES": "2",
                "SLURM_NODEID": str(node), "SLURM_JOB_NODELIST": "node[0-1]", "SLURM_JOB_ID": "7",
                "NPROC_PER_NODE": "1", "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1"}
-        log = open(folder / "launch.log", "w+")  # a file, not a pipe: a node blocked on a full pipe would hang both
-        procs.append((subprocess.Popen(["bash", str(REPO / "scripts" / "slurm" / "launch.sh"), *args,
-                                        f"--data_dir={folder / 'data'}", f"--save_folder={tmp_path / 'shared'}"],
-                                       cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                       start_new_session=True), log))
-    try:
-        for p, _ in procs:
-            p.wait(timeout=300)
-    finally:
-        for p, _ in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)  # the launcher and its training process
-                p.wait()
-    outs = []
-    for _, log in procs:
-        log.seek(0)
-        outs.append(log.read())
-        log.close()
-    procs = [p for p, _ in procs]
-    assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-3000:] for o in outs)
+        procs.append(start_launcher(["bash", str(REPO / "scripts" / "slurm" / "launch.sh"), *args,
+                                     f"--data_dir={folder / 'data'}", f"--save_folder={tmp_path / 'shared'}"],
+                                    folder, env, folder / "launch.log"))
+    codes, outs = zip(*finish_launchers(procs))
+    assert list(codes) == [0, 0], "\n".join(o[-3000:] for o in outs)
     assert "2 process(es)" in outs[0]  # one job: the launchers met at the master address and port launch.sh gave
     assert not [p.name for p in (tmp_path / "shared").iterdir() if p.name.startswith(".node0-")]  # marker removed
     two_nodes = losses_by_batch(tmp_path / "shared")
