@@ -35,10 +35,9 @@ from pathlib import Path
 from typing import Callable
 
 from pilegpt import storage
-from pilegpt.checkpoint import add_load_arguments, load_model
+from pilegpt.checkpoint import add_load_arguments, existing_checkpoints, load_model
 from pilegpt.common import UserError, check_writable_folder, load_dotenv_file, run_main
 from pilegpt.hf import to_hf
-from pilegpt.resume import existing_checkpoints
 from pilegpt.tokenizer import EOT, EOT_ID, GPT2_VOCAB_SIZE, gpt2
 
 

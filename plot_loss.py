@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from pilegpt.common import UserError, run_main
-from pilegpt.report import plot
+from pilegpt.train.report import plot
 
 
 def read_metrics(path: Path) -> list[dict]:

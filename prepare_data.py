@@ -59,9 +59,9 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from pilegpt import prepared, sources, tokenizing
 from pilegpt.common import UserError, one_line, run_main
 from pilegpt.data import Meta
+from pilegpt.prepare import out_folder, sources, tokenize_pool
 
 DEFAULT_OUT_DIR = "data/pile"
 DEFAULT_VAL_FRACTION = 0.0005  # used only when the input has no validation files of its own
@@ -127,7 +127,7 @@ def prepare(args: argparse.Namespace, cleanup: ExitStack) -> int:
     from tqdm import tqdm
 
     t0 = time.time()
-    enc = tokenizing.load_encoding(args.encoding)
+    enc = tokenize_pool.load_encoding(args.encoding)
     dtype = np.dtype(np.uint16 if enc.n_vocab <= 2**16 else np.uint32)  # uint16 holds ids 0..65535
     text_suffixes = sources.TEXT_SUFFIXES + tuple(s if s.startswith(".") else "." + s for s in args.text_suffix)
 
@@ -162,23 +162,23 @@ def prepare(args: argparse.Namespace, cleanup: ExitStack) -> int:
         "exclude": sorted(set(args.exclude_subset)), "skip_bad_lines": args.skip_bad_lines,
         "dataset_config": args.dataset_config,
     }
-    fingerprint = prepared.state_fingerprint(files, settings, args.max_tokens)
+    fingerprint = out_folder.state_fingerprint(files, settings, args.max_tokens)
     sizes = [f.size for f in files]
     out_dir = Path(args.out_dir)
-    state = prepared.check_out_dir(out_dir, fingerprint, files, args.overwrite)
+    state = out_folder.check_out_dir(out_dir, fingerprint, files, args.overwrite)
     if state is not None and state.get("publish"):  # killed while publishing: finish that
-        prepared.publish(out_dir, state)
+        out_folder.publish(out_dir, state)
         report(out_dir, json.loads(state["publish"]), time.time() - t0, 0)
         return 0
 
     created = not out_dir.exists()
     try:
-        prepared.make_out_dir(out_dir, fresh=state is None)
-        writer = prepared.Writer(out_dir, fingerprint, sizes,
-                                 prepared.resume_progress(state, files) if state else prepared.fresh_progress(), dtype)
+        out_folder.make_out_dir(out_dir, fresh=state is None)
+        progress = out_folder.resume_progress(state, files) if state else out_folder.fresh_progress()
+        writer = out_folder.Writer(out_dir, fingerprint, sizes, progress, dtype)
     except UserError:
         if state is None:
-            prepared.discard(out_dir, created)
+            out_folder.discard(out_dir, created)
         raise
     resumed = copy.deepcopy(writer.done)
     if state:
@@ -189,7 +189,7 @@ def prepare(args: argparse.Namespace, cleanup: ExitStack) -> int:
     progress = tqdm(total=args.max_tokens, initial=sum(resumed["tokens"].values()), unit="tok",
                     unit_scale=True, desc="tokenizing", dynamic_ncols=True, file=sys.stderr,
                     mininterval=0.5 if sys.stderr.isatty() else 30)  # a log file gets a line per 30 s
-    pipeline = tokenizing.Pipeline(min(args.num_proc, 64), settings)
+    pipeline = tokenize_pool.Pipeline(min(args.num_proc, 64), settings)
     previous_term = signal.signal(signal.SIGTERM, _raise_interrupt)  # preemption: stop as cleanly as Ctrl-C
     try:
         reached = tokenize(files, writer, pipeline, args.max_tokens, progress, settings)
@@ -200,7 +200,7 @@ def prepare(args: argparse.Namespace, cleanup: ExitStack) -> int:
         writer.close()
         kept = writer.committed["files_done"] or writer.committed["position"][0]
         if not kept:
-            prepared.discard(out_dir, created)  # nothing worth resuming: leave the folder as it was
+            out_folder.discard(out_dir, created)  # nothing worth resuming: leave the folder as it was
         where = (f"{writer.committed['files_done']} of {len(files)} files done; run the same command again to "
                  "resume" if kept else "nothing written")
         if isinstance(e, sources.BadInput):
@@ -219,7 +219,7 @@ def prepare(args: argparse.Namespace, cleanup: ExitStack) -> int:
     totals = writer.pending
     if totals["tokens"]["train"] == 0:
         writer.close()
-        prepared.discard(out_dir, created)
+        out_folder.discard(out_dir, created)
         what = ", ".join(source_info.get("input") or [source_info["dataset"]])
         raise UserError(f"empty corpus: no text in {what} (documents empty or whitespace-only: {totals['empty']}, "
                         f"filtered out: {totals['filtered']}, bad lines: {totals['bad_lines']}); check the input, "
@@ -239,9 +239,9 @@ def prepare(args: argparse.Namespace, cleanup: ExitStack) -> int:
         "empty_documents": totals["empty"],
     })
     try:
-        prepared.publish(out_dir, writer.finish(meta))
-    except prepared.OutputError as e:
-        raise prepared.OutputError(f"{e} (every file is tokenized; run the same command again to finish)") from None
+        out_folder.publish(out_dir, writer.finish(meta))
+    except out_folder.OutputError as e:
+        raise out_folder.OutputError(f"{e} (every file is tokenized; run the same command again to finish)") from None
     if val_fraction and not totals["tokens"]["val"]:
         print(f"note: --val-fraction {val_fraction} picked none of the {totals['documents']['train']:,} documents "
               "(a .txt file is one document), so there is no val.bin; use more documents or a larger fraction",
@@ -251,7 +251,7 @@ def prepare(args: argparse.Namespace, cleanup: ExitStack) -> int:
     return 0
 
 
-def tokenize(files: list[sources.SourceFile], writer: prepared.Writer, pipeline: tokenizing.Pipeline,
+def tokenize(files: list[sources.SourceFile], writer: out_folder.Writer, pipeline: tokenize_pool.Pipeline,
              max_tokens: Optional[int], progress, settings: dict) -> bool:
     """Tokenize from writer.done's position to the end, in order. Returns True if stopped at --max-tokens."""
 

@@ -23,7 +23,7 @@ import argparse
 from typing import Optional, Sequence
 
 from pilegpt.common import load_dotenv_file, run_main
-from pilegpt.report import write_report
+from pilegpt.train.report import write_report
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -59,9 +59,9 @@ import numpy as np
 from pilegpt import compat, s3
 from pilegpt.common import UserError, check_writable_folder, load_dotenv_file, run_main, setup_logging
 from pilegpt.data import INDEX_NAME, META_NAME, SPLITS, TOKEN_DTYPES, Meta, count_tokens
-from pilegpt.mds_publish import clean_stale_local, is_dataset_dir, local_exists, publish_local, publish_remote
-from pilegpt.mds_verify import load_spec, verify_split
-from pilegpt.mds_write import SplitJob, WriterSettings, make_spec, write_split
+from pilegpt.mds.publish import clean_stale_local, is_dataset_dir, local_exists, publish_local, publish_remote
+from pilegpt.mds.verify import load_spec, verify_split
+from pilegpt.mds.write import SplitJob, WriterSettings, make_spec, write_split
 from pilegpt.s3 import S3Dir
 
 log = logging.getLogger("to_mds")

@@ -7,15 +7,15 @@ Usage:
     composer -n 2 train.py config/tiny.py                           # 2 CPU processes (gloo), for testing
     python train.py --help                                          # every setting, its default and meaning
 
-Configuration: `TrainConfig` (pilegpt/train_config.py) is the one list of settings, with nanoGPT's names. Config
+Configuration: `TrainConfig` (pilegpt/train/config.py) is the one list of settings, with nanoGPT's names. Config
 files (config/*.py) are plain Python assignments, applied in the order given, then `--key=value` arguments;
-unknown keys and wrong types are errors (see pilegpt/train_config.py). `.env` in the working directory is loaded
+unknown keys and wrong types are errors (see pilegpt/train/config.py). `.env` in the working directory is loaded
 first, so config files can read S3 settings and paths from the environment.
 
 Data (a batch is {"x": LongTensor (B, T), "y": LongTensor (B, T)}, y = x shifted by one token):
     data_dir=DIR           DIR/train.bin (+ val.bin, meta.json) from prepare_data.py: sample i is the
-                           window tokens[i*T : i*T+T+1] (pilegpt/loaders.py: non-overlapping windows, shuffled every
-                           epoch, each token seen once per epoch, ranks never overlap);
+                           window tokens[i*T : i*T+T+1] (pilegpt/train/loaders.py: non-overlapping windows,
+                           shuffled every epoch, each token seen once per epoch, ranks never overlap);
                            or DIR/train/ (+ DIR/val/) MDS folders from to_mds.py.
     data_remote=ROOT       MDS root(s) holding train/ (+ val/): a local folder or s3://bucket/prefix, read by
                            Streaming's StreamingDataset with a local cache under data_local; a list of roots
@@ -27,8 +27,8 @@ checkpoint / run folder (local or s3://) starts from those weights, in their sha
 the optimizer and schedule start fresh, and a run that autoresumes keeps its own checkpoint instead.
 
 Extensions: algorithms={"ema": {"half_life": "1000ba"}} and callbacks={"optimizer_monitor": {}, "pkg.mod:Class": {}}
-turn on Composer's algorithms and callbacks by name, and callbacks of your own (pilegpt/extensions.py; README "Extending
-training"). grad_clip's norm clipping is always on unless grad_clip=0.
+turn on Composer's algorithms and callbacks by name, and callbacks of your own
+(pilegpt/train/extensions.py; README "Extending training"). grad_clip's norm clipping is always on unless grad_clip=0.
 
 Outputs (save_folder, local or s3://; default runs/{run_name}):
     ep{E}-ba{B}-rank{R}.pt, latest-rank0.pt   Composer checkpoints (every save_interval and at the end), with
@@ -39,15 +39,15 @@ Outputs (save_folder, local or s3://; default runs/{run_name}):
                                               evaluation every eval set's loss and bpb (val_loss, val_bpb, ...)
     report.md, loss.png                       the run in one page (report.py), written at the end
     logs/{start time}-rank{R}.txt             Composer's file log, one per process and start
-    .lock                                     the run that holds the folder, while it runs (pilegpt/lock.py)
+    .lock                                     the run that holds the folder, while it runs (pilegpt/train/lock.py)
     data.json                                 what the run trains on; autoresume refuses other data
-                                              (pilegpt/data_record.py; data_changed_ok=True if intended)
+                                              (pilegpt/train/data_record.py; data_changed_ok=True if intended)
 With an s3:// save_folder, config.json, model.pt, metrics.jsonl, the report and the logs go to runs/{run_name}
 locally and uploaded (metrics as logs/{start time}-metrics.jsonl). Re-running with autoresume=True continues
 from the last checkpoint, data position included (metrics.jsonl then repeats the batches after it).
 SIGTERM (a scheduler's preemption notice): every rank stops after the current batch, which is checkpointed (and
 uploaded), and train.py exits with status 143 and one line saying to resume with --autoresume=True
-(pilegpt/preemption.py; with several processes launch with `python -m pilegpt.launch`, which forwards SIGTERM).
+(pilegpt/train/preemption.py; with several processes launch with `python -m pilegpt.launch`, which forwards SIGTERM).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from __future__ import annotations
 import sys
 
 if __name__ == "__main__" and any(a in ("-h", "--help") for a in sys.argv[1:]):  # answer before importing torch
-    from pilegpt.train_config import usage
+    from pilegpt.train.config import usage
     print(usage(__doc__.split("\n\n")[1]))
     sys.exit(0)
 
@@ -80,9 +80,8 @@ from composer.optim import CosineAnnealingWithWarmupScheduler
 from composer.utils import dist, reproducibility
 
 from model import GPT, Block, GPTConfig
-from pilegpt import cluster, compat, data_record, lock, storage
-from pilegpt.callbacks import ExportModel, HellaSwagEval, MetricsLog, SampleText, StopOnNonFinite, build_loggers
-from pilegpt.checkpoint import EXPORT_NAME
+from pilegpt import compat, storage
+from pilegpt.checkpoint import EXPORT_NAME, existing_checkpoints
 from pilegpt.common import (
     UserError,
     atomic_write_text,
@@ -93,10 +92,14 @@ from pilegpt.common import (
     run_main,
     tune_glibc_malloc,
 )
-from pilegpt.extensions import build_algorithms, build_callbacks
 from pilegpt.hf import load_pretrained
 from pilegpt.launch import die_with_launcher
-from pilegpt.loaders import (
+from pilegpt.s3 import lost_connection
+from pilegpt.train import cluster, data_record, lock
+from pilegpt.train.callbacks import ExportModel, HellaSwagEval, MetricsLog, SampleText, StopOnNonFinite, build_loggers
+from pilegpt.train.config import SHAPE_FIELDS, TrainConfig, config_text, config_values, make_config
+from pilegpt.train.extensions import build_algorithms, build_callbacks
+from pilegpt.train.loaders import (
     build_dataloaders,
     build_eval_loader,
     data_tokenizer,
@@ -104,13 +107,11 @@ from pilegpt.loaders import (
     eval_batches_per_rank,
     refresh_mds_cache,
 )
-from pilegpt.metrics import BitsPerByte, CrossEntropyFromLoss, PerplexityFromLoss, token_bytes
-from pilegpt.preemption import PREEMPTED, StopOnSignal
-from pilegpt.report import PLOT, REPORT, write_report
-from pilegpt.resume import existing_checkpoints, set_aside_broken_checkpoints
-from pilegpt.s3 import lost_connection
-from pilegpt.train_config import SHAPE_FIELDS, TrainConfig, config_text, config_values, make_config
-from pilegpt.uploads import S3Uploads, checkpoint_uploads
+from pilegpt.train.metrics import BitsPerByte, CrossEntropyFromLoss, PerplexityFromLoss, token_bytes
+from pilegpt.train.preemption import PREEMPTED, StopOnSignal
+from pilegpt.train.report import PLOT, REPORT, write_report
+from pilegpt.train.resume import set_aside_broken_checkpoints
+from pilegpt.train.run_uploads import S3Uploads, checkpoint_uploads
 
 CONFIG_JSON = "config.json"
 METRICS_JSONL = "metrics.jsonl"
@@ -251,7 +252,7 @@ def run(argv: Optional[Sequence[str]], held: contextlib.ExitStack) -> int:
     if nodes > 1:  # a local save_folder must be one folder every node sees (rank 0 alone writes it), else refused
         cluster.check_shared_save_folder(save_folder, device, world_size, local_world)
         held.enter_context(compat.node_signal_files_per_node())  # Composer's waits across nodes (compat.py)
-    if rank == 0 and not (storage.is_remote(save_folder) and not storage.is_s3(save_folder)):
+    if rank == 0:
         held.enter_context(lock.hold(save_folder, cfg.run_name))  # a second run into save_folder is refused
     if cfg.autoresume:  # a kill during a checkpoint write leaves a truncated file that autoresume trips over
         if rank == 0 and (note := set_aside_broken_checkpoints(save_folder)):

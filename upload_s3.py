@@ -32,7 +32,7 @@ S3_ENDPOINT_URL, so one setting serves upload and training). Each request is tri
 An upload killed hard (SIGKILL, power loss) may leave an unfinished multipart upload in the bucket, invisible
 but billed on AWS: a lifecycle rule "AbortIncompleteMultipartUpload" cleans those up.
 
-This script is the command line; the upload itself is mds_upload.upload_folder (to_mds.py --remote uses it too).
+This script is the command line; the upload itself is s3_upload.upload_folder (to_mds.py --remote uses it too).
 """
 
 from __future__ import annotations
@@ -40,9 +40,10 @@ from __future__ import annotations
 import argparse
 from typing import Optional, Sequence
 
-from pilegpt import mds_upload, s3
+from pilegpt import s3
 from pilegpt.common import UserError, load_dotenv_file, run_main
-from pilegpt.mds_upload import DEFAULT_PART_SIZE_MB, MIN_PART_SIZE_MB
+from pilegpt.mds import s3_upload
+from pilegpt.mds.s3_upload import DEFAULT_PART_SIZE_MB, MIN_PART_SIZE_MB
 from pilegpt.s3 import DEFAULT_WORKERS
 
 
@@ -76,10 +77,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     load_dotenv_file(".env")  # before the client reads the environment
-    result = mds_upload.upload_folder(args.local_dir, args.remote, workers=args.workers,
+    result = s3_upload.upload_folder(args.local_dir, args.remote, workers=args.workers,
                                    part_size=args.part_size_mb << 20, dry_run=args.dry_run,
                                    any_folder=args.any_folder, endpoint_url=args.endpoint_url)
-    print(mds_upload.summary(result, args.remote, args.dry_run))
+    print(s3_upload.summary(result, args.remote, args.dry_run))
     return 0
 
 

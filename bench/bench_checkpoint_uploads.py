@@ -1,5 +1,5 @@
-"""Benchmark a training run's checkpoint uploads: train.py's thread uploader (uploads.py) against Composer's own
-process-based RemoteUploader, with a local save_folder (no uploads) as the baseline, in the same run.
+"""Benchmark a training run's checkpoint uploads: train.py's thread uploader (pilegpt/train/run_uploads.py) against
+Composer's own process-based RemoteUploader, with a local save_folder (no uploads) as the baseline, in the same run.
 
 Usage:
     python bench/bench_checkpoint_uploads.py                           # config/tiny.py, 60 batches, save every 10
@@ -30,8 +30,8 @@ sys.path.insert(0, str(REPO / "tests"))
 from helpers import KEY, SECRET, start_s3_server, stop  # noqa: E402
 
 # train.py with Composer's uploader for checkpoints: the patch that hands the saver S3Uploads is made a no-op.
-COMPOSERS = ("import contextlib, sys; from pilegpt import uploads; "
-             "uploads.checkpoint_uploads = lambda u: contextlib.nullcontext(); import train; "
+COMPOSERS = ("import contextlib, sys; from pilegpt.train import run_uploads; "
+             "run_uploads.checkpoint_uploads = lambda u: contextlib.nullcontext(); import train; "
              "sys.argv[0] = train.__file__; from pilegpt.common import run_main; run_main(train.main)")
 
 

@@ -207,7 +207,7 @@ def flops_per_token(extra: list[str], block_size: int, vocab_size: int) -> int:
     import torch
 
     from model import GPT
-    from pilegpt.train_config import load_config
+    from pilegpt.train.config import load_config
 
     cfg = load_config([str(PILE), f"--block_size={block_size}", f"--vocab_size={vocab_size}", "--data_dir=.",
                        *[a for a in extra if a.split("=")[0] in ("--n_layer", "--n_head", "--n_embd")]])
@@ -346,8 +346,8 @@ def bench_loader(setup: Setup, workers: int, batches: int) -> Row:
     import composer  # noqa: F401  (imported before the clock starts: train.py's start-up is not the loader's)
     import torch
 
-    from pilegpt.loaders import build_dataloaders
-    from pilegpt.train_config import load_config
+    from pilegpt.train.config import load_config
+    from pilegpt.train.loaders import build_dataloaders
 
     row = Row(f"loader, {workers} workers", note=f"build_dataloaders, {batches} batches of {setup.batch}, no model")
     t0 = time.monotonic()
@@ -485,7 +485,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     t_start = time.monotonic()
     args = parse_args(argv)
-    from pilegpt.train_config import read_config_file
+    from pilegpt.train.config import read_config_file
 
     pile = read_config_file(str(PILE))
     smoke = args.smoke

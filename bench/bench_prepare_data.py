@@ -117,12 +117,12 @@ def tokenizing_path(corpus: Path, passes: int = 2) -> dict:
     against the baseline on the same documents, task by task, alternating which goes first: both meet the
     same moments of a noisy machine, so the ratio holds where whole-run ratios swing by 10 points. Reading and
     decompressing the tasks, and start-up, are measured apart."""
-    from pilegpt import sources, tokenizing
+    from pilegpt.prepare import sources, tokenize_pool
     from pilegpt.tokenizer import gpt2
 
     files = sources.list_local_inputs([str(corpus)], [])
     enc = gpt2()
-    tokenizing.init_worker({"encoding": "gpt2", "eot": enc.eot_token, "n_vocab": enc.n_vocab, "dtype": "uint16",
+    tokenize_pool.init_worker({"encoding": "gpt2", "eot": enc.eot_token, "n_vocab": enc.n_vocab, "dtype": "uint16",
                             "val_fraction": 0.001, "text_column": "text", "include": [], "exclude": [],
                             "skip_bad_lines": False, "dataset_config": None}, ignore_sigint=False)
     t0 = time.perf_counter()
@@ -138,7 +138,7 @@ def tokenizing_path(corpus: Path, passes: int = 2) -> dict:
                     [enc.encode_ordinary(d) for d in docs]
                     base += time.perf_counter() - t
                 else:
-                    tokenizing.tokenize_task(task)
+                    tokenize_pool.tokenize_task(task)
                     ours += time.perf_counter() - t
     return {"base_s": base / passes, "ours_s": ours / passes, "read_s": read_s}
 

@@ -40,7 +40,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from pilegpt.mds_write import folder_bytes  # noqa: E402
+from pilegpt.mds.write import folder_bytes  # noqa: E402
 
 SHAKESPEARE = REPO / "tests" / "fixtures" / "tinyshakespeare.txt"
 VOCAB = 50257
@@ -76,7 +76,7 @@ def write_with_threads(tokens: np.ndarray, out: Path, block_size: int, workers: 
 
     from pilegpt import compat
     from pilegpt.data import check_token_range, read_windows, window_starts
-    from pilegpt.mds_write import chunks
+    from pilegpt.mds.write import chunks
 
     starts = window_starts(len(tokens), block_size)
     probe = MDSWriter(out=str(out), **settings)
@@ -122,8 +122,8 @@ def convert_with(data: Path, out: Path, block_size: int, how: str, workers: int,
 
     import to_mds
     from pilegpt.data import check_token_range, mds_columns, read_windows, window_starts
-    from pilegpt.mds_publish import fsync_tree
-    from pilegpt.mds_write import chunks
+    from pilegpt.mds.publish import fsync_tree
+    from pilegpt.mds.write import chunks
 
     tokens = np.memmap(data / "train.bin", dtype=np.uint16, mode="r")
     settings = dict(columns=mds_columns("uint16", block_size), compression=to_mds.DEFAULT_COMPRESSION,

@@ -83,8 +83,8 @@ def plain_loop(argv: Sequence[str]) -> None:
 
     from model import GPT
     from pilegpt.common import tune_glibc_malloc
-    from pilegpt.loaders import build_dataloaders
-    from pilegpt.train_config import config_values, make_config
+    from pilegpt.train.config import config_values, make_config
+    from pilegpt.train.loaders import build_dataloaders
 
     cfg = make_config(config_values(argv))
     if cfg.cpu_malloc_tune:

@@ -11,7 +11,7 @@ one would write it by hand), upload_s3 at each --workers, and an upload_s3 re-ru
 skipped). Reports MB/s and the ratio to the baseline. upload_s3's time includes hashing each file (MD5), listing
 the prefix before and after, and verification. Client and server share this machine's cores, so the ratios are
 those of a loopback link, not of a network one, where parallel requests matter more. upload_s3 is a thin command
-line over mds_upload.upload_folder, which to_mds.py --remote uses too: the figures hold for both.
+line over s3_upload.upload_folder, which to_mds.py --remote uses too: the figures hold for both.
 """
 
 from __future__ import annotations

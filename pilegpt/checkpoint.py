@@ -34,6 +34,8 @@ from pilegpt.common import UserError, atomic_path
 EXPORT_NAME = "model.pt"  # file name of the weights-only export train.py writes into its save folder
 EXPORT_FORMAT = "pile-gpt-export-v1"  # tag inside the export file, checked on load
 LATEST_CHECKPOINT = "latest-rank0.pt"  # Composer's name for the newest checkpoint (rank 0)
+CHECKPOINT_PATTERN = re.compile(r"^(ep\d+-ba\d+-rank\d+\.pt|latest-rank\d+\.pt(\.symlink)?)$")  # Composer's names
+CHECKPOINT_FILE = re.compile(r"ep\d+-ba(?P<batch>\d+)-rank(?P<rank>\d+)\.pt")  # one Composer checkpoint file
 # Non-tensor types inside a Composer 0.32 checkpoint (found with torch.serialization.
 # get_unsafe_globals_in_checkpoint on a real one): timestamps hold timedeltas, metadata a TorchVersion
 # (a str), the RNG state numpy's uint32 Mersenne-Twister key. All are plain data: building them runs no code.
@@ -242,3 +244,8 @@ def load_model(spec: str, n_head: Optional[int] = None, endpoint_url: Optional[s
         return load_model_file(resolve_local(spec), n_head)
     with tempfile.TemporaryDirectory(prefix="checkpoint-") as tmpdir:
         return load_model_file(download_s3(spec, tmpdir, endpoint_url), n_head, source=spec)
+
+
+def existing_checkpoints(save_folder: str) -> list[str]:
+    """Composer checkpoint files already in save_folder (local or s3://; other stores: none known)."""
+    return [n for n in storage.folder(save_folder).names() if CHECKPOINT_PATTERN.match(n)]

@@ -9,8 +9,8 @@ import torch
 
 import train
 from conftest import REPO
-from pilegpt import train_config
 from pilegpt.common import UserError
+from pilegpt.train import config as train_config
 
 DATA = ["--data_dir=data/x"]  # every config needs a data source; the folder is not opened by load_config
 

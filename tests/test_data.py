@@ -15,10 +15,11 @@ import pytest
 
 import train
 from helpers import REPO, SMALL, losses_by_batch, read_jsonl, write_mds
-from pilegpt import data, loaders
+from pilegpt import data
 from pilegpt.common import UserError
 from pilegpt.data import Meta, SplitInfo, read_windows, window_starts, write_token_files
-from pilegpt.loaders import permute, resumable_sampler
+from pilegpt.train import loaders
+from pilegpt.train.loaders import permute, resumable_sampler
 
 TRAIN = [*SMALL, "--device=cpu", "--sample_length=0", "--max_duration=2ba", "--eval_interval=2ba",
          "--eval_subset_num_batches=1", "--progress_bar=False"]
@@ -273,7 +274,7 @@ def test_an_index_naming_a_file_outside_its_folder_is_refused_and_the_file_kept(
 
 
 def test_a_checksum_failure_never_deletes_a_file_outside_the_cache(tmp_path):
-    from pilegpt.mds_dataset import describe_read_failure
+    from pilegpt.train.mds_reader import describe_read_failure
 
     cache, victim = tmp_path / "cache" / "mds" / "train", tmp_path / "precious.txt"
     cache.mkdir(parents=True)
@@ -374,7 +375,7 @@ def test_the_mds_sample_order_is_the_runs_on_any_number_of_nodes_that_can_keep_i
     a node count that cannot keep it, or a config that contradicts it, is one line."""
     from types import SimpleNamespace
 
-    from pilegpt import data_record
+    from pilegpt.train import data_record
 
     unset, four = SimpleNamespace(num_canonical_nodes=None), SimpleNamespace(num_canonical_nodes=4)
     assert data_record.canonical_nodes(unset, None, 2) == 2 and data_record.canonical_nodes(four, None, 2) == 4

@@ -20,8 +20,9 @@ from composer.core import Callback
 import train
 from conftest import REPO, SHAKESPEARE
 from helpers import SMALL, checkpoint_state, run, tokenize, write_bin
-from pilegpt import extensions, train_config
 from pilegpt.common import UserError
+from pilegpt.train import config as train_config
+from pilegpt.train import extensions
 
 DATA = ["--data_dir=data/x"]  # load_config does not open it
 
@@ -200,8 +201,8 @@ def test_the_export_holds_the_ema_weights_even_without_a_checkpoint_at_the_end(o
     # ExportModel swaps them in itself.
     from composer.algorithms import EMA
 
-    from pilegpt.callbacks import ExportModel
     from pilegpt.checkpoint import load_model_file
+    from pilegpt.train.callbacks import ExportModel
 
     ema = EMA(half_life="2ba")
     state = fit([ema], [ExportModel("100ba", str(tmp_path), None)])

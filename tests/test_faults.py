@@ -17,7 +17,7 @@ import torch
 
 from conftest import REPO, start_s3_server, stop
 from helpers import SMALL, checkpoint_state, losses_by_batch, write_random_bin
-from pilegpt.resume import is_whole_checkpoint
+from pilegpt.train.resume import is_whole_checkpoint
 
 pytestmark = pytest.mark.slow
 ARGS = [*SMALL, "--device=cpu", "--sample_length=8", "--eval_interval=3ba", "--eval_subset_num_batches=1",

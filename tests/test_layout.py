@@ -7,7 +7,7 @@ from pathlib import Path
 
 from helpers import REPO
 
-PRODUCT = sorted([*REPO.glob("*.py"), *(REPO / "pilegpt").glob("*.py")])
+PRODUCT = sorted([*REPO.glob("*.py"), *(REPO / "pilegpt").rglob("*.py")])
 LONGEST = 450  # lines; a dataclass of settings may be longer (train_config.py: one commented line per setting)
 LONGER_ALLOWED = {"train_config.py": 500}
 SCHEME_TEST = re.compile(r"startswith\(\s*f?[\"'](s3|file|hf)://")

@@ -1,5 +1,6 @@
-"""pilegpt/lock.py: a run holds its save_folder (local or s3://); a second run is refused naming the holder, a dead
-run's lock is taken over (this machine: its process is gone; another machine: its heartbeat stood still)."""
+"""pilegpt/train/lock.py: a run holds its save_folder (local or s3://); a second run is refused naming the
+holder, a dead run's lock is taken over (this machine: its process is gone;
+another machine: its heartbeat stood still)."""
 
 import json
 import subprocess
@@ -9,8 +10,9 @@ import time
 
 import pytest
 
-from pilegpt import lock, storage
+from pilegpt import storage
 from pilegpt.common import UserError
+from pilegpt.train import lock
 
 
 def dead_pid() -> int:

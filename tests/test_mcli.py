@@ -28,9 +28,9 @@ import numpy as np
 import pytest
 
 from conftest import REPO, SHAKESPEARE
-from pilegpt import train_config
-from pilegpt.loaders import mds_cache_dir
 from pilegpt.tokenizer import gpt2
+from pilegpt.train import config as train_config
+from pilegpt.train.loaders import mds_cache_dir
 
 mcli = pytest.importorskip("mcli", reason="mosaicml-cli is a dev requirement (pip install -r requirements-dev.txt)")
 from mcli import FinalRunConfig, RunConfig  # noqa: E402

@@ -35,7 +35,7 @@ from helpers import (
     write_bin,
     write_mds,
 )
-from pilegpt.preemption import PREEMPTED
+from pilegpt.train.preemption import PREEMPTED
 
 pytestmark = pytest.mark.slow
 LOST_NODE_BOUND_S = 60  # node 0 stops this soon after node 1 is gone (gloo sees the closed connection at once)

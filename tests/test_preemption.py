@@ -25,8 +25,8 @@ import pytest
 
 from helpers import REPO, SMALL, checkpoint_state, losses_by_batch, read_jsonl, run, write_random_bin
 from pilegpt.checkpoint import LATEST_CHECKPOINT, load_model_file
-from pilegpt.preemption import PREEMPTED, REPEAT_S
-from pilegpt.resume import is_whole_checkpoint, set_aside_broken_checkpoints
+from pilegpt.train.preemption import PREEMPTED, REPEAT_S
+from pilegpt.train.resume import is_whole_checkpoint, set_aside_broken_checkpoints
 
 pytestmark = pytest.mark.slow
 ARGS = [*SMALL, "--device=cpu", "--sample_length=0", "--eval_interval=3ba", "--eval_subset_num_batches=1",

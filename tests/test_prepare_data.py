@@ -19,8 +19,8 @@ import pytest
 
 import prepare_data
 from conftest import PILE_SAMPLE, REPO, SHAKESPEARE
-from pilegpt import prepared, sources, tokenizing
 from pilegpt.common import UserError, run_main
+from pilegpt.prepare import out_folder, sources, tokenize_pool
 from pilegpt.tokenizer import gpt2
 
 ENC = gpt2()
@@ -85,7 +85,7 @@ def test_text_suffix_reads_source_files_as_documents_split_by_name(tmp_path):
         (tmp_path / "src").mkdir(exist_ok=True)
         (tmp_path / "src" / name).write_bytes((stdlib / name).read_bytes())
     run("--input", tmp_path / "src", "--text-suffix", ".py", "--val-fraction", 0.3, "--out-dir", tmp_path / "out")
-    in_val = [n for n in names if tokenizing.goes_to_val(n.encode(), 0.3)]
+    in_val = [n for n in names if tokenize_pool.goes_to_val(n.encode(), 0.3)]
     in_train = [n for n in names if n not in in_val]
     assert in_val and in_train  # this fixed set of names lands on both sides
     texts = {n: (tmp_path / "src" / n).read_text() for n in names}
@@ -140,7 +140,7 @@ def test_output_is_byte_identical_for_any_num_proc_and_val_split_is_stable(tmp_p
     for split in ("train.bin", "val.bin"):
         assert (tmp_path / "out1" / split).read_bytes() == (tmp_path / "out2" / split).read_bytes()
     # the split is a function of each document's text alone
-    in_val = [d for d in docs if tokenizing.goes_to_val(d.encode(), 0.05)]
+    in_val = [d for d in docs if tokenize_pool.goes_to_val(d.encode(), 0.05)]
     assert 0.03 < len(in_val) / len(docs) < 0.07
     assert np.array_equal(read_bin(tmp_path / "out1" / "val.bin"), expected_tokens(in_val))
     assert np.array_equal(read_bin(tmp_path / "out1" / "train.bin"),
@@ -203,7 +203,7 @@ def test_killed_run_never_looks_complete_and_resumes_byte_identical(tmp_path):
 
     out = tmp_path / "out"
     proc = subprocess.Popen(cmd + ["--out-dir", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    state = out / prepared.STATE_NAME
+    state = out / out_folder.STATE_NAME
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:
         if state.exists() and json.loads(state.read_text())["files_done"] >= 2:
@@ -408,7 +408,7 @@ def kill_when(proc, ready, timeout=120):
 
 def saved_state(out):
     try:
-        return json.loads((out / prepared.STATE_NAME).read_text())
+        return json.loads((out / out_folder.STATE_NAME).read_text())
     except (FileNotFoundError, ValueError):
         return None
 
@@ -424,7 +424,7 @@ def test_kill_during_the_first_file_resumes_where_it_was(tmp_path):
     state = saved_state(out)
     assert state["files_done"] == 0 and state["position"][0] > 0
     assert not (out / "train.bin").exists() and not (out / "meta.json").exists()
-    (out / f".{prepared.STATE_NAME}.tmp99999").write_text("{")  # as if killed while writing the state
+    (out / f".{out_folder.STATE_NAME}.tmp99999").write_text("{")  # as if killed while writing the state
 
     resumed = subprocess.run(cmd, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr
@@ -473,7 +473,7 @@ def test_a_run_stopped_while_publishing_completes_when_run_again(tmp_path, monke
     assert (out / "train.bin").exists() and (out / "val.bin.partial").exists() and not (out / "meta.json").exists()
     run(*args)
     docs = shakespeare_docs(50)
-    in_val = [d for d in docs if tokenizing.goes_to_val(d.encode(), 0.2)]
+    in_val = [d for d in docs if tokenize_pool.goes_to_val(d.encode(), 0.2)]
     assert np.array_equal(read_bin(out / "val.bin"), expected_tokens(in_val))
     assert np.array_equal(read_bin(out / "train.bin"), expected_tokens([d for d in docs if d not in in_val]))
     assert sorted(os.listdir(out)) == ["meta.json", "train.bin", "val.bin"]
@@ -481,7 +481,7 @@ def test_a_run_stopped_while_publishing_completes_when_run_again(tmp_path, monke
 
 def test_a_file_fixed_after_an_error_is_read_again_and_finished_files_are_kept(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(sources, "CHUNK_BYTES", 2000)  # many tasks: progress inside b.jsonl is recorded
-    monkeypatch.setattr(prepared, "COMMIT_SECONDS", 0.0)
+    monkeypatch.setattr(out_folder, "COMMIT_SECONDS", 0.0)
     docs = shakespeare_docs(400)
     a = write_jsonl(tmp_path / "a.jsonl", docs[:200])
     b = write_jsonl(tmp_path / "b.jsonl", docs[200:])
@@ -512,7 +512,7 @@ def test_a_file_fixed_after_an_error_is_read_again_and_finished_files_are_kept(t
 def test_full_disk_is_one_line_naming_the_disk_and_the_run_resumes(tmp_path, monkeypatch, capsys):
     files = [write_jsonl(tmp_path / f"{k}.jsonl", shakespeare_docs()[k * 300:(k + 1) * 300]) for k in range(5)]
     out = tmp_path / "out"
-    monkeypatch.setattr(prepared, "COMMIT_SECONDS", 0.0)  # record progress at every boundary
+    monkeypatch.setattr(out_folder, "COMMIT_SECONDS", 0.0)  # record progress at every boundary
     real_fsync, calls = os.fsync, []
 
     def fsync_on_a_full_disk(fd):  # ext4 and NFS can report ENOSPC at fsync rather than at write
@@ -532,7 +532,7 @@ def test_full_disk_is_one_line_naming_the_disk_and_the_run_resumes(tmp_path, mon
     assert f"--out-dir {out}: No space left on device (ENOSPC)" in errors[0]
     assert "free space on that disk" in errors[0] and "run the same command again to resume" in errors[0]
     assert "check the file" not in errors[0]
-    assert sorted(os.listdir(out)) == sorted(prepared.OUR_FILES)  # no temporary file left behind
+    assert sorted(os.listdir(out)) == sorted(out_folder.OUR_FILES)  # no temporary file left behind
 
     monkeypatch.setattr(os, "fsync", real_fsync)  # space freed
     run_main_ok(args)
@@ -560,7 +560,7 @@ def test_file_size_limit_is_one_line_naming_the_limit_and_the_run_resumes(tmp_pa
                           "ulimit -f")
     assert "corpus" not in r.stderr.splitlines()[-1].split("while writing")[0]  # the input is not blamed
     left = set(os.listdir(out)) if out.exists() else set()
-    assert left <= prepared.OUR_FILES
+    assert left <= out_folder.OUR_FILES
     committed = saved_state(out)
 
     resumed = subprocess.run(cmd, capture_output=True, text=True)
@@ -696,7 +696,7 @@ def test_a_token_id_outside_the_vocabulary_is_an_error_not_a_wrap_around(tmp_pat
         def encode_ordinary(self, text):
             return [70000]
 
-    monkeypatch.setattr(tokenizing, "get_encoding", lambda name: OutOfVocabulary())
+    monkeypatch.setattr(tokenize_pool, "get_encoding", lambda name: OutOfVocabulary())
     write_jsonl(tmp_path / "a.jsonl", ["hello"])
     with pytest.raises(UserError, match=r"returned token id 70000, outside its vocabulary \[0, 50257\)"):
         run("--input", tmp_path / "a.jsonl", "--out-dir", tmp_path / "out", "--num-proc", 1, "--val-fraction", 0)
@@ -752,7 +752,7 @@ def test_parquet_dataset_val_fraction_max_tokens_and_shards(tmp_path):
     hub = write_parquet_dataset(tmp_path / "hub", {"train": [docs[:250], docs[250:]]})
     run("--dataset", hub, "--text-column", "content", "--out-dir", tmp_path / "a", "--val-fraction", 0.1,
         "--num-proc", 1)
-    in_val = [d for d in docs if tokenizing.goes_to_val(d.encode(), 0.1)]
+    in_val = [d for d in docs if tokenize_pool.goes_to_val(d.encode(), 0.1)]
     assert 20 < len(in_val) < 60
     assert np.array_equal(read_bin(tmp_path / "a" / "val.bin"), expected_tokens(in_val))
     assert np.array_equal(read_bin(tmp_path / "a" / "train.bin"), expected_tokens([d for d in docs if d not in in_val]))
@@ -774,8 +774,8 @@ def test_parquet_dataset_resumes_after_an_interruption(tmp_path, monkeypatch, ca
     docs = shakespeare_docs(600)
     hub = write_parquet_dataset(tmp_path / "hub", {"train": [docs[:300], docs[300:]]})
     monkeypatch.setattr(sources, "CHUNK_BYTES", 4000)
-    monkeypatch.setattr(prepared, "COMMIT_SECONDS", 0.0)
-    real_write, writes = prepared.Writer.write, []
+    monkeypatch.setattr(out_folder, "COMMIT_SECONDS", 0.0)
+    real_write, writes = out_folder.Writer.write, []
 
     def interrupted_write(self, result, max_train):
         writes.append(1)
@@ -783,14 +783,14 @@ def test_parquet_dataset_resumes_after_an_interruption(tmp_path, monkeypatch, ca
             raise KeyboardInterrupt
         return real_write(self, result, max_train)
 
-    monkeypatch.setattr(prepared.Writer, "write", interrupted_write)
+    monkeypatch.setattr(out_folder.Writer, "write", interrupted_write)
     args = ("--dataset", hub, "--text-column", "content", "--out-dir", tmp_path / "out", "--val-fraction", 0,
             "--num-proc", 1)
     with pytest.raises(KeyboardInterrupt):
         run(*args)
     state = saved_state(tmp_path / "out")
     assert state["position"][0] > 0
-    monkeypatch.setattr(prepared.Writer, "write", real_write)
+    monkeypatch.setattr(out_folder.Writer, "write", real_write)
     run(*args)
     assert f"resuming: 0 of 1 files already done, train from row {state['position'][1]}" in capsys.readouterr().err
     assert np.array_equal(read_bin(tmp_path / "out" / "train.bin"), expected_tokens(docs))

@@ -5,7 +5,7 @@ import json
 import pytest
 
 import report
-from pilegpt.train_config import TrainConfig
+from pilegpt.train.config import TrainConfig
 
 ROWS = [{"batch": 1, "tokens": 4096, "time_s": 1.0, "loss": 10.5, "tokens_per_sec": 4000.0},
         {"batch": 2, "tokens": 8192, "time_s": 2.0, "loss": 9.5, "tokens_per_sec": 5000.0, "val_loss": 9.25,

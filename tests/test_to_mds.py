@@ -23,7 +23,7 @@ from helpers import write_bin
 from pilegpt import compat, s3
 from pilegpt.common import run_main
 from pilegpt.data import Meta
-from pilegpt.mds_write import folder_bytes
+from pilegpt.mds.write import folder_bytes
 
 REPO = Path(__file__).resolve().parents[1]
 T = 64  # block size of most tests: small, so the tiny data still makes thousands of samples

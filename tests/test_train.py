@@ -32,7 +32,7 @@ from helpers import (
     write_mds,
 )
 from pilegpt.common import UserError
-from pilegpt.loaders import BinDataset, collate_mds, resumable_sampler
+from pilegpt.train.loaders import BinDataset, collate_mds, resumable_sampler
 
 GOLDEN = REPO / "tests" / "golden" / "tiny_losses.json"
 GOLDEN_TOKENS = 40_000  # of tiny Shakespeare, 90% train / 10% val
@@ -267,7 +267,7 @@ def test_the_per_batch_nan_check_reads_the_logged_loss_and_checks_weights_only_b
 
     from composer.core import Event
 
-    from pilegpt.callbacks import StopOnNonFinite
+    from pilegpt.train.callbacks import StopOnNonFinite
 
     model = train.ComposerGPT(train.GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=4, vocab_size=16))
     with torch.no_grad():

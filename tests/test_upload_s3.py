@@ -1,4 +1,4 @@
-"""Tests for upload_s3.py and the mds_upload.py it runs on, against a real S3 server (`rclone serve s3` on loopback,
+"""Tests for upload_s3.py and the s3_upload.py it runs on, against a real S3 server (`rclone serve s3` on loopback,
 see conftest.py).
 
 The datasets are real MDS datasets written with streaming.MDSWriter, shaped like to_mds.py's output: columns x and y,
@@ -20,8 +20,9 @@ import pytest
 
 import upload_s3
 from helpers import REPO, free_port
-from pilegpt import compat, mds_upload, s3
+from pilegpt import compat, s3
 from pilegpt.common import UserError
+from pilegpt.mds import s3_upload
 
 BLOCK = 64  # tokens per sample in the small dataset
 SECRET_NOT_TO_LEAK = "wrong-secret-that-must-not-leak-7c1e"
@@ -233,10 +234,10 @@ def test_verify_reports_a_damaged_object_and_a_rerun_repairs_it(s3_env, small_md
     victim = s3_env.root / s3_env.bucket / prefix / "val" / "shard.00000.mds"
     victim.write_bytes(victim.read_bytes()[:-10])  # damaged behind the uploader's back
 
-    files = mds_upload.collect_files(root).files
+    files = s3_upload.collect_files(root).files
     target = s3.S3Dir(f"s3://{s3_env.bucket}/{prefix}", s3_env.client())
     with pytest.raises(UserError, match=r"verification failed for 1 of .*val/shard.00000.mds is \d+ bytes"):
-        mds_upload.verify(target, files, mds_upload.Result())
+        s3_upload.verify(target, files, s3_upload.Result())
     uploaded, _, _ = upload(capsys, root, f"s3://{s3_env.bucket}/{prefix}")
     assert uploaded == 2  # the shard, and val/index.json after it
     assert server_files(s3_env, prefix) == local_files(root)
@@ -308,10 +309,10 @@ def test_an_index_naming_a_file_outside_its_folder_is_refused(small_mds, tmp_pat
 
 def test_compressed_dataset_needs_its_compressed_shards(tmp_path):
     write_mds(tmp_path / "z", 300, BLOCK, 1 << 15, seed=4, compression="zstd:1")
-    assert len(mds_upload.collect_files(tmp_path / "z").files) > 2  # index + .zstd shards: accepted
+    assert len(s3_upload.collect_files(tmp_path / "z").files) > 2  # index + .zstd shards: accepted
     next((tmp_path / "z").glob("*.zstd")).unlink()
     with pytest.raises(UserError, match=r"/shard.0000\d.mds.zstd is missing, though \S*/index.json lists it"):
-        mds_upload.collect_files(tmp_path / "z")
+        s3_upload.collect_files(tmp_path / "z")
 
 
 def test_stray_files_beside_datasets_are_refused(small_mds, tmp_path):
@@ -320,7 +321,7 @@ def test_stray_files_beside_datasets_are_refused(small_mds, tmp_path):
     (root / "logs").mkdir()
     (root / "logs" / "run.log").write_text("x")
     with pytest.raises(UserError, match=r"run.log is not part of an MDS dataset"):
-        mds_upload.collect_files(root)
+        s3_upload.collect_files(root)
 
 
 @pytest.mark.parametrize("url", ["my-bucket/x", "s3:///x", "gs://b/x"])
@@ -363,7 +364,7 @@ def test_s3dir_reads_lists_copies_downloads_and_deletes_objects(s3_env, small_md
     copy = s3.S3Dir(f"s3://{s3_env.bucket}/{unique_prefix('copy')}", root.client)
     copy.copy_from(train, "index.json")
     assert copy.names() == ["index.json"] and copy.read("index.json") == train.read("index.json")
-    assert copy.stored_md5("index.json") == mds_upload.b64(mds_upload.file_md5(small_mds[0] / "train" / "index.json"))
+    assert copy.stored_md5("index.json") == s3_upload.b64(s3_upload.file_md5(small_mds[0] / "train" / "index.json"))
 
     train.download("shard.00001.mds", tmp_path / "got" / "shard.mds")  # the folder is made when missing
     assert (tmp_path / "got" / "shard.mds").read_bytes() == (small_mds[0] / "train" / "shard.00001.mds").read_bytes()
@@ -515,8 +516,8 @@ def test_multipart_objects_compare_by_stored_md5(tmp_path, capsys, monkeypatch):
         uploaded, skipped, line = upload(capsys, *args)
         assert (uploaded, skipped) == (1, 0) and "(1 by MD5" in line
         head = client.head_object(Bucket="aws-like", Key="p/big.bin")
-        assert head["ETag"].endswith('-2"') and head["Metadata"] == {"md5chksum": mds_upload.b64(
-            mds_upload.file_md5(folder / "big.bin"))}
+        assert head["ETag"].endswith('-2"') and head["Metadata"] == {"md5chksum": s3_upload.b64(
+            s3_upload.file_md5(folder / "big.bin"))}
 
         uploaded, skipped, line = upload(capsys, *args)
         assert (uploaded, skipped) == (0, 1) and "(1 by MD5" in line

@@ -1,6 +1,5 @@
 """What Composer's autoresume needs of a save_folder (local or s3://) before the Trainer reads it.
 
-    found = existing_checkpoints("runs/x")          # Composer checkpoint files already there
     note = set_aside_broken_checkpoints("runs/x")    # after a crash: truncated files set aside, `latest` repaired
 
 Composer resumes from the checkpoint `latest-rank0.pt` (a symlink, or a `.symlink` object on S3) points at. A run
@@ -11,24 +10,13 @@ and its pointer's leaves the pointer stale on S3. Both are repaired here, on ran
 from __future__ import annotations
 
 import os
-import re
 import time
 import zipfile
 from pathlib import Path
 from typing import Optional
 
 from pilegpt import storage
-from pilegpt.checkpoint import LATEST_CHECKPOINT
-
-CHECKPOINT_PATTERN = re.compile(r"^(ep\d+-ba\d+-rank\d+\.pt|latest-rank\d+\.pt(\.symlink)?)$")  # Composer's names
-CHECKPOINT_FILE = re.compile(r"ep\d+-ba(?P<batch>\d+)-rank(?P<rank>\d+)\.pt")  # one Composer checkpoint file
-
-
-def existing_checkpoints(save_folder: str) -> list[str]:
-    """Composer checkpoint files already in save_folder (local or s3://; other stores: none known)."""
-    if storage.is_remote(save_folder) and not storage.is_s3(save_folder):
-        return []
-    return [n for n in storage.folder(save_folder).names() if CHECKPOINT_PATTERN.match(n)]
+from pilegpt.checkpoint import CHECKPOINT_FILE, LATEST_CHECKPOINT
 
 
 def set_aside_broken_checkpoints(save_folder: str) -> Optional[str]:

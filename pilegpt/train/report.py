@@ -51,7 +51,7 @@ def last_rows_by_batch(rows: list[dict]) -> list[dict]:
 
 
 def changed_settings(config: dict) -> list[tuple[str, object, object]]:
-    from pilegpt.train_config import TrainConfig
+    from pilegpt.train.config import TrainConfig
 
     defaults = {f.name: (f.default if f.default is not dataclasses.MISSING else f.default_factory())
                 for f in dataclasses.fields(TrainConfig)}

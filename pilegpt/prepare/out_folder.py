@@ -8,15 +8,15 @@ and commits progress (outputs fsynced first, so the state never claims more than
 renames the .partial files into train.bin / val.bin and writes meta.json last, the mark of a finished set.
 Every step can be repeated, so a run killed anywhere completes when the same command runs again.
 
-    from pilegpt import prepared
-    fingerprint = prepared.state_fingerprint(files, settings, max_tokens)
-    state = prepared.check_out_dir(out_dir, fingerprint, files, overwrite)   # None: a fresh run
-    prepared.make_out_dir(out_dir, fresh=state is None)
-    progress = prepared.resume_progress(state, files) if state else prepared.fresh_progress()
-    writer = prepared.Writer(out_dir, fingerprint, [f.size for f in files], progress, np.dtype(np.uint16))
+    from pilegpt.prepare import out_folder
+    fingerprint = out_folder.state_fingerprint(files, settings, max_tokens)
+    state = out_folder.check_out_dir(out_dir, fingerprint, files, overwrite)   # None: a fresh run
+    out_folder.make_out_dir(out_dir, fresh=state is None)
+    progress = out_folder.resume_progress(state, files) if state else out_folder.fresh_progress()
+    writer = out_folder.Writer(out_dir, fingerprint, [f.size for f in files], progress, np.dtype(np.uint16))
     writer.write(result, max_tokens)   # per task, then writer.mark(task.resume_at) at a document boundary
     writer.file_done()                  # per file
-    prepared.publish(out_dir, writer.finish(meta))
+    out_folder.publish(out_dir, writer.finish(meta))
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import numpy as np
 
 from pilegpt.common import UserError, atomic_write_text, one_line
 from pilegpt.data import META_NAME, META_VERSION, Meta
-from pilegpt.sources import SourceFile
+from pilegpt.prepare.sources import SourceFile
 
 STATE_NAME = ".prepare_state.json"  # progress of an unfinished run; removed when the run finishes
 STATE_VERSION = 2  # of the state file: a state of another version is not resumed

@@ -195,7 +195,7 @@ def mds_cache_dir(data_local: str, root: str, split: str) -> str:
 def refresh_mds_cache(cfg) -> list[str]:
     """Empty each cache folder whose index.json differs from its source's (a rebuilt dataset: Streaming would read
     the old shards it cached); returns the folders emptied. Only folders inside data_local are touched."""
-    from pilegpt.mds_dataset import is_inside
+    from pilegpt.train.mds_reader import is_inside
 
     emptied = []
     for split, found in read_mds_indexes(cfg).items():
@@ -248,7 +248,7 @@ def mds_split(cfg, split: str, batch_size: int, shuffle: bool):
     """
     from streaming import Stream
 
-    from pilegpt.mds_dataset import CheckedStreamingDataset
+    from pilegpt.train.mds_reader import CheckedStreamingDataset
 
     indexes = split_indexes(cfg, split)
     if indexes is None:
@@ -274,7 +274,7 @@ def check_sample_length(dataset, block_size: int, what: str) -> None:
     try:
         length = len(dataset[0]["x"])
     except (RuntimeError, ValueError) as e:
-        from pilegpt.mds_dataset import describe_read_failure
+        from pilegpt.train.mds_reader import describe_read_failure
 
         caches = [s.local for s in dataset.streams]
         raise UserError(describe_read_failure(e, what, caches) or f"cannot read the first sample of {what}: {e}") \

@@ -1,7 +1,7 @@
 """The upload of MDS datasets to S3 (upload_s3.py's, also used by to_mds.py --remote), index.json last.
 
-    result = mds_upload.upload_folder("mds/", "s3://my-bucket/pile/mds")   # shards, then index.json, verified
-    print(mds_upload.summary(result, "s3://my-bucket/pile/mds"))
+    result = s3_upload.upload_folder("mds/", "s3://my-bucket/pile/mds")   # shards, then index.json, verified
+    print(s3_upload.summary(result, "s3://my-bucket/pile/mds"))
 
 1. finds the MDS datasets in the folder (index.json whose listed shards exist; --any-folder skips the check)
    and, inside a dataset folder, takes only what a reader needs: index.json, the shard files it lists in the

@@ -8,7 +8,7 @@ Local: the dataset is written under OUT.tmp-<pid>, flushed to disk and renamed i
 (`publish_local`); an old dataset is moved aside to OUT.old-<pid> first and deleted after. `clean_stale_local`
 removes what a dead run left and puts back an OUT.old-<pid> it had moved aside.
 
-S3: `publish_remote` uploads the complete folder with mds_upload.upload_folder (every index.json after every
+S3: `publish_remote` uploads the complete folder with s3_upload.upload_folder (every index.json after every
 shard) and removes a failed upload again (all splits or none). Replacing a dataset uploads the new one under
 <remote>.tmp-<pid> first and swaps it in with server-side copies (`promote_remote`): the old index.json goes
 first and the new one last, so no index is ever paired with shards of another dataset.
@@ -22,7 +22,7 @@ import posixpath
 import shutil
 from pathlib import Path
 
-from pilegpt import mds_upload
+from pilegpt.mds import s3_upload
 from pilegpt.common import UserError, fsync
 from pilegpt.data import INDEX_NAME, SPLITS, TO_MDS_META
 from pilegpt.s3 import S3Dir
@@ -145,9 +145,9 @@ def publish_remote(staging: Path, remote: S3Dir, subs: list[str], replace: bool)
     if replace:
         stage_url = f"{remote.url}.tmp-{pid}" if remote.prefix else f"{remote.url}/to_mds.tmp-{pid}"
         target = S3Dir(stage_url, remote.client)
-    names = [f.rel for f in mds_upload.collect_files(staging).files]
+    names = [f.rel for f in s3_upload.collect_files(staging).files]
     try:
-        result = mds_upload.upload_folder(staging, target.url, client=remote.client)
+        result = s3_upload.upload_folder(staging, target.url, client=remote.client)
         if replace:
             for sub in subs:
                 promote_remote(target.child(sub), remote.child(sub))
@@ -162,5 +162,5 @@ def publish_remote(staging: Path, remote: S3Dir, subs: list[str], replace: bool)
         if isinstance(e, UserError):
             raise UserError(f"{e}; nothing was published") from None
         raise
-    line = mds_upload.summary(result, target.url)
+    line = s3_upload.summary(result, target.url)
     return f"{line}; moved into place at {remote.url}" if replace else line

@@ -9,7 +9,7 @@ Reading (in the main process): read_tasks cuts one SourceFile into Tasks of abou
 the tokenizer processes: JSON lines in whole lines, `datasets` rows in whole rows, a text file (one document)
 at BPE-safe cuts. Each Task of whole records carries the position a resumed run reads on from.
 
-    from pilegpt import sources
+    from pilegpt.prepare import sources
     files = sources.list_local_inputs(["data/pile/*.jsonl.zst"], sources.TEXT_SUFFIXES)
     files, n_test = sources.plan_files(files, shard_index=0, num_shards=1)
     for task in sources.read_tasks(files[0], (0, 1), "text", with_subsets=False):

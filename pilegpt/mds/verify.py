@@ -30,7 +30,7 @@ from pilegpt.data import (
     read_windows,
     validation_hash,
 )
-from pilegpt.mds_write import SplitJob, chunks, spec_starts
+from pilegpt.mds.write import SplitJob, chunks, spec_starts
 
 REBUILD = "re-run to_mds.py with --overwrite to rebuild the dataset"
 

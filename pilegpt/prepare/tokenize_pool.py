@@ -7,8 +7,8 @@ parses the records (JSON lines or `datasets` rows), applies the subset filters, 
 each document's split (goes_to_val: a hash of its text) and encodes it as `encode_ordinary(text) + [EOT]`.
 (pilegpt/tokenizer.py is the vocabulary itself; this module runs it.)
 
-    from pilegpt import tokenizing
-    pipeline = tokenizing.Pipeline(num_proc=4, settings=settings)  # settings: see prepare_data.prepare
+    from pilegpt.prepare import tokenize_pool
+    pipeline = tokenize_pool.Pipeline(num_proc=4, settings=settings)  # settings: see prepare_data.prepare
     pipeline.submit(0, task)          # a sources.Task; submit(i, None) marks the end of file i
     file_index, resume_at, result = pipeline.pop()   # result["train"], result["val"]: token arrays; None at an end
     pipeline.close()
@@ -27,7 +27,7 @@ import numpy as np
 import orjson
 
 from pilegpt.common import UserError, one_line
-from pilegpt.sources import BadInput, Task, pile_set_name
+from pilegpt.prepare.sources import BadInput, Task, pile_set_name
 from pilegpt.tokenizer import get_encoding
 
 _W: dict = {}  # per-process settings and the tokenizer, set by init_worker

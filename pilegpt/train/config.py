@@ -105,7 +105,7 @@ class TrainConfig:
         """Cross-field rules; a ValueError listing every broken one. Model-shape rules live in GPTConfig."""
         from composer.core import Time, TimeUnit
 
-        from pilegpt.extensions import check_algorithms, check_callbacks
+        from pilegpt.train.extensions import check_algorithms, check_callbacks
 
         errors = []
         try:

@@ -23,9 +23,10 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from pilegpt import loaders, storage
+from pilegpt import storage
 from pilegpt.common import UserError
 from pilegpt.data import META_NAME, SPLITS, Meta, nanogpt_meta
+from pilegpt.train import loaders
 
 DATA_JSON = "data.json"  # in the save_folder, beside the checkpoints
 FINGERPRINT_PIECES = 8  # pieces of a .bin hashed for its fingerprint
@@ -95,8 +96,6 @@ def differences(saved: dict, now: dict) -> list[str]:
 def check_resume(record: dict, save_folder: str, ok: bool) -> Optional[str]:
     """On autoresume: a UserError when the data differs from the run's data.json, unless `ok`; a note (or None)."""
     where = storage.join(save_folder, DATA_JSON)
-    if storage.is_remote(save_folder) and not storage.is_s3(save_folder):
-        return None
     saved = storage.folder(save_folder).get(DATA_JSON)
     if saved is None:
         return f"note: {where} not found (a run from before data records): recording the data it resumes on"
@@ -120,7 +119,7 @@ def canonical_nodes(cfg, save_folder: Optional[str], nodes: int) -> int:
     samples as for that many nodes, so the order is the run's, whatever number of nodes a resume runs on; it can
     keep it on P nodes when P divides it or is a multiple of it, and a resume that cannot is refused in one line."""
     saved = None
-    if save_folder is not None and not (storage.is_remote(save_folder) and not storage.is_s3(save_folder)):
+    if save_folder is not None:
         try:
             saved = json.loads(storage.folder(save_folder).get(DATA_JSON) or b"{}").get("num_canonical_nodes")
         except (ValueError, AttributeError):
@@ -140,6 +139,4 @@ def canonical_nodes(cfg, save_folder: Optional[str], nodes: int) -> int:
 
 def write(record: dict, save_folder: str) -> None:
     """data.json := record (locally written whole, or one PUT on S3)."""
-    if storage.is_remote(save_folder) and not storage.is_s3(save_folder):
-        return
     storage.folder(save_folder).write(DATA_JSON, (json.dumps(record, indent=2) + "\n").encode())
