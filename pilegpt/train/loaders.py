@@ -1,7 +1,7 @@
-"""The datasets and loaders train.py reads, on data.py's contract: batches {"x": (B, T), "y": (B, T)} of token ids,
-from .bin windows in a keyed shuffle (each window once per epoch, ranks disjoint, an exact resume, memory
-constant in the dataset's size) or from MDS shards through Streaming (local or s3://, through a local cache).
-Streaming is imported only when MDS is read. Details: docs/training.md."""
+"""The datasets and loaders train.py reads, on data.py's contract: batches {"x": (B, T), "y": (B, T)} of token
+ids, read from .bin windows in a keyed shuffle (each window once per epoch, ranks disjoint, an exact resume,
+memory constant in the dataset's size) or from MDS shards through Streaming (local or s3://, through a local
+cache). Streaming is imported only when MDS is read. Details: docs/training.md."""
 
 from __future__ import annotations
 
