@@ -1,28 +1,13 @@
-"""Score a trained GPT on HellaSwag as the field does (karpathy/build-nanogpt's and llm.c's scoring), from any
-checkpoint: the number to put beside OpenAI GPT-2 124M's 28.59 / 29.55.
+"""Score a trained GPT on HellaSwag as the field does (karpathy/build-nanogpt's and llm.c's scoring: acc by the
+lowest summed loss of the ending, acc_norm by the lowest mean), from anything sample.py or init_from takes, or a
+Hugging Face GPT-2: the number to put beside OpenAI GPT-2 124M's 28.59 / 29.55. Details: docs/evaluation.md.
 
 Usage:
     python eval.py runs/quickstart --task hellaswag --data tests/fixtures/hellaswag_tiny.jsonl
     python eval.py runs/pile --task hellaswag                 # the official val set, downloaded once (10,042)
     python eval.py s3://bucket/runs/pile/model.pt --task hellaswag --limit 1000 --out results.json
     python eval.py gpt2 --task hellaswag                      # OpenAI's GPT-2 124M (from the Hugging Face hub)
-    composer -n 8 eval.py runs/pile --task hellaswag          # 8 processes (GPUs) split the examples
-
-SRC is anything sample.py, export_hf.py or train.py's init_from take: a model.pt export, a Composer checkpoint or
-a run folder (local or s3://), a Hugging Face GPT-2 folder, or a hub name (gpt2, gpt2-medium, ...).
-
-Scoring (pilegpt/hellaswag.py): for each of the 4 endings, tokens = encode(ctx) + encode(" " + ending); the loss is
-the cross-entropy of the ending's tokens only, each predicted from everything before it; acc picks the ending
-with the lowest summed loss, acc_norm the lowest mean loss. An example longer than the model's block_size keeps
-its last block_size tokens. Endings of several examples share one forward pass (--batch-size examples, 4 rows
-each, right-padded); on a GPU in bf16 autocast.
-
-Data: --data FILE (one JSON object per line with ctx, endings, label), else the official hellaswag_val.jsonl,
-downloaded once into ~/.cache/pile-gpt/hellaswag (PILE_GPT_CACHE moves it; --url names a mirror) and checked.
-
-Output: one summary line (task, examples, acc, acc_norm, examples/s); with --out, a JSON file
-{"task", "n", "acc", "acc_norm", "predictions": [{"ind", "label", "pred", "pred_norm"}, ...]} in file order.
-"""
+    composer -n 8 eval.py runs/pile --task hellaswag          # 8 processes (GPUs) split the examples"""
 
 from __future__ import annotations
 

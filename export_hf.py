@@ -1,27 +1,12 @@
-"""Export a trained GPT as a Hugging Face GPT-2 folder: transformers, lm-evaluation-harness and the hub read it.
+"""Export a trained GPT as a Hugging Face GPT-2 folder (config.json, model.safetensors, GPT-2's tokenizer files)
+that transformers, lm-evaluation-harness and the hub read, offline. SRC is what sample.py takes; the folder is
+written beside OUT_DIR and renamed into place, and never inside SRC's run folder. Details: docs/huggingface.md.
 
 Usage:
     python export_hf.py runs/pile hf/pile-gpt                       # a run folder: its model.pt, else latest-rank0.pt
     python export_hf.py runs/pile/ep0-ba2000-rank0.pt hf/pile-2000  # a Composer checkpoint
     python export_hf.py s3://bucket/runs/pile/model.pt hf/pile-gpt --overwrite
-
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    model = AutoModelForCausalLM.from_pretrained("hf/pile-gpt")     # offline: everything is in the folder
-    tokenizer = AutoTokenizer.from_pretrained("hf/pile-gpt")
-
-SRC is what sample.py takes: a model.pt export, a Composer checkpoint or a run folder, local or s3:// (read
-weights-only by checkpoint.load_model). OUT_DIR receives:
-    config.json             GPT2Config: n_positions = block_size, vocab_size 50257, tanh GELU ("gelu_new")
-    model.safetensors       the weights (hf.to_hf: Conv1D transposes, zero biases for bias=False, a
-                            vocabulary padded to e.g. 50304 cut back to GPT-2's 50,257 tokens)
-    generation_config.json  <|endoftext|> (50256) as bos and eos
-    vocab.json, merges.txt, tokenizer.json, tokenizer_config.json, special_tokens_map.json
-                            GPT-2's tokenizer, made offline from pilegpt/tokenizer.py's assets/r50k_base.tiktoken
-The folder is written under a temporary name beside OUT_DIR and renamed into place: a reader never sees half an
-export. An existing non-empty OUT_DIR is refused unless --overwrite, and --overwrite replaces only an earlier export
-(EXPORT_FILES, nothing else). An OUT_DIR that is, contains or lies inside SRC's run folder (SRC, or the folder of a
-checkpoint file that holds Composer checkpoints; symlinks resolved) is refused before anything is read.
-"""
+    python -c 'from transformers import AutoModelForCausalLM; AutoModelForCausalLM.from_pretrained("hf/pile-gpt")'"""
 
 from __future__ import annotations
 
@@ -41,9 +26,13 @@ from pilegpt.hf import to_hf
 from pilegpt.tokenizer import EOT, EOT_ID, GPT2_VOCAB_SIZE, gpt2
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """--help with each flag's default, and the docstring's usage lines as they are written."""
+
+
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__[__doc__.index("Usage:"):],
+                                formatter_class=HelpFormatter)
     p.add_argument("src", help="model.pt export, Composer checkpoint file, or run folder; local path or s3://bucket/key")
     p.add_argument("out_dir", help="folder to write the Hugging Face model into")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier export in OUT_DIR (nothing else)")

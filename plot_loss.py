@@ -1,12 +1,9 @@
-"""Plot a run's loss curve (train loss per batch, smoothed, and validation loss) from its metrics.jsonl.
+"""Plot a run's loss curve (train loss per batch, smoothed, and validation loss) from the metrics.jsonl train.py
+writes; prints the first and last train loss (mean of 20 batches) and the last val loss. Details: docs/training.md.
 
 Usage:
     python plot_loss.py runs/quickstart                 # writes runs/quickstart/loss.png
-    python plot_loss.py runs/quickstart/metrics.jsonl --out loss.png
-
-train.py writes metrics.jsonl (one JSON line per batch: batch, tokens, loss, lr, val_loss...) into the
-run's local folder. Prints one line: first and last train loss (mean of 20 batches) and the last val loss.
-"""
+    python plot_loss.py runs/quickstart/metrics.jsonl --out loss.png"""
 
 import argparse
 import json
@@ -29,7 +26,8 @@ def read_metrics(path: Path) -> list[dict]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__[__doc__.index("Usage:"):],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("metrics", help="run folder or its metrics.jsonl")
     p.add_argument("--out", default=None, help="PNG to write (default: loss.png beside metrics.jsonl)")
     args = p.parse_args(argv)

@@ -1,5 +1,7 @@
-"""Tokenize The Pile (or any Hugging Face dataset, or local text) with GPT-2 BPE into flat numpy memmap files
-train.bin / val.bin.
+"""Tokenize The Pile (or any Hugging Face dataset, or local text) with GPT-2 BPE into train.bin / val.bin
+(every document as `encode_ordinary(text) + [EOT]`, concatenated, uint16) and meta.json. A stopped run
+resumes when the same command runs again, and ends byte-identical to an uninterrupted one. Sources, splits,
+filters, sharding and resuming: docs/prepare.md.
 
 Usage:
     python prepare_data.py                                  # The Pile from the HF Hub, streamed, into data/pile
@@ -9,38 +11,6 @@ Usage:
     python prepare_data.py --input ~/pile/train/00.jsonl.zst ~/pile/val.jsonl.zst --out-dir data/pile00
     python prepare_data.py --input tests/fixtures/tinyshakespeare.txt --out-dir data/shakespeare
     python prepare_data.py --shard-index 3 --num-shards 8 --out-dir data/pile/part-03   # one of 8 jobs
-
-Output (in --out-dir):
-    train.bin, val.bin   every document as tiktoken `encode_ordinary(text) + [EOT]`, concatenated, as a
-                         flat array (uint16 for GPT-2): np.memmap("train.bin", dtype=np.uint16, mode="r")
-    meta.json            tokenizer, vocab size, EOT id, dtype, token and document counts per split, sources
-
-Sources: `--dataset` takes a Hugging Face Hub dataset name (default: The Pile mirror
-monology/pile-uncopyrighted), an fsspec URL (s3://, file://) or a local folder. A dataset made of .jsonl.zst /
-.jsonl / .jsonl.gz / .txt files (the Pile's layout) is read file by file; any other (Parquet: FineWeb and most
-of the Hub) goes through `datasets.load_dataset(..., streaming=True)` split by split, with --dataset-config
-for its configuration and --text-column for its column. Both stream: no Arrow cache is written. `--input`
-reads local paths, globs or folders of .jsonl.zst / .jsonl / .jsonl.gz files (one JSON object per line with a
-text field) and .txt files (one file = one document; --text-suffix .py reads other files as plain text too).
-
-Documents: an empty or whitespace-only text (`str.isspace`) is skipped and counted (meta.json
-"empty_documents"): it would only add an EOT. A corpus without a single token is an error.
-
-Splits: a file named like val.jsonl.zst / validation.* / dev.* (or under a val/ folder), or a `datasets`
-split named so, is validation data; test files and splits are skipped; the rest is train. Inputs without
-their own validation data get a deterministic --val-fraction of documents (chosen by a hash of each
-document's text, so the split does not depend on file order or --num-proc).
-
-A run is resumable: stop it any way (Ctrl-C, kill -9, a full disk, a bad line, a dropped connection) and run
-the same command again: it continues from its last record of progress and ends byte-identical to an
-uninterrupted run. Progress is recorded about once a second, at a document boundary, after the tokens are
-on disk: within a JSONL file a resumed run skips the bytes already tokenized (decompressing them again,
-which is fast, but re-downloading them for a remote file); a .txt document starts over; a `datasets` split
-re-reads the rows already tokenized (re-downloading them for a Hub dataset) without tokenizing them. Files
-not read yet may change between the runs (e.g. a truncated file downloaded again); a file that changed after
-it was partly read is read again from its start. Until the run finishes, the folder holds only
-train.bin.partial / val.bin.partial and a state file, never a train.bin; with --overwrite the old dataset
-stays until the new one replaces it.
 """
 
 from __future__ import annotations
@@ -54,8 +24,9 @@ import sys
 import tempfile
 import time
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -68,10 +39,8 @@ DEFAULT_VAL_FRACTION = 0.0005  # used only when the input has no validation file
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="See the module docstring (python -c 'import prepare_data; "
-                                       "help(prepare_data)') for examples.")
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__[__doc__.index("Usage:"):],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--dataset", default=None,
                      help=f"HF Hub dataset name, fsspec URL or local folder (default {sources.DEFAULT_DATASET} when no "
@@ -123,14 +92,71 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return prepare(args, cleanup)
 
 
-def prepare(args: argparse.Namespace, cleanup: ExitStack) -> int:
-    from tqdm import tqdm
+class Inputs(NamedTuple):
+    """What this job reads: its files (or `datasets` splits) in order, and how they were named."""
+    files: list[sources.SourceFile]
+    test_skipped: int  # test files and splits left out
+    source_info: dict  # meta.json's "sources": {"input": [...]} or {"dataset": name[, "config": name]}
 
+
+class Output(NamedTuple):
+    """The folder being written and its writer; `created`: this run made the folder (a failure removes it)."""
+    dir: Path
+    writer: out_folder.Writer
+    created: bool
+
+    def discard(self) -> None:
+        out_folder.discard(self.dir, self.created)
+
+
+def prepare(args: argparse.Namespace, cleanup: ExitStack) -> int:
+    """Tokenize the input into --out-dir (or resume a stopped run, or finish one killed while publishing)."""
     t0 = time.time()
     enc = tokenize_pool.load_encoding(args.encoding)
     dtype = np.dtype(np.uint16 if enc.n_vocab <= 2**16 else np.uint32)  # uint16 holds ids 0..65535
-    text_suffixes = sources.TEXT_SUFFIXES + tuple(s if s.startswith(".") else "." + s for s in args.text_suffix)
+    inputs = find_inputs(args, cleanup)
+    val_fraction = choose_val_fraction(args, inputs.files)
+    settings = {
+        "encoding": args.encoding, "eot": enc.eot_token, "n_vocab": enc.n_vocab, "dtype": dtype.name,
+        "val_fraction": val_fraction, "text_column": args.text_column, "include": sorted(set(args.include_subset)),
+        "exclude": sorted(set(args.exclude_subset)), "skip_bad_lines": args.skip_bad_lines,
+        "dataset_config": args.dataset_config,
+    }
+    fingerprint = out_folder.state_fingerprint(inputs.files, settings, args.max_tokens)
+    out_dir = Path(args.out_dir)
+    state = out_folder.check_out_dir(out_dir, fingerprint, inputs.files, args.overwrite)
+    if state is not None and state.get("publish"):  # killed while publishing: finish that
+        out_folder.publish(out_dir, state)
+        report(out_dir, json.loads(state["publish"]), time.time() - t0, 0)
+        return 0
 
+    output = open_output(out_dir, fingerprint, inputs.files, state, dtype)
+    resumed = copy.deepcopy(output.writer.done)
+    if state:
+        print_resume(resumed, inputs.files)
+    reached = tokenize_all(inputs.files, output, args, settings, resumed)
+    totals = output.writer.pending
+    if totals["tokens"]["train"] == 0:
+        output.writer.close()
+        output.discard()
+        raise empty_corpus_error(totals, inputs.source_info)
+    meta = make_meta(args, enc, dtype, inputs, totals, reached, val_fraction, settings)
+    try:
+        out_folder.publish(out_dir, output.writer.finish(meta))
+    except out_folder.OutputError as e:
+        raise out_folder.OutputError(f"{e} (every file is tokenized; run the same command again to finish)") from None
+    if val_fraction and not totals["tokens"]["val"]:
+        print(f"note: --val-fraction {val_fraction} picked none of the {totals['documents']['train']:,} documents "
+              "(a .txt file is one document), so there is no val.bin; use more documents or a larger fraction",
+              file=sys.stderr)
+    report(out_dir, json.loads(meta.to_json()), time.time() - t0,
+           sum(totals["tokens"].values()) - sum(resumed["tokens"].values()))
+    return 0
+
+
+def find_inputs(args: argparse.Namespace, cleanup: ExitStack) -> Inputs:
+    """The files of --input or --dataset (or the splits `datasets` streams), this --shard-index's share."""
+    text_suffixes = sources.TEXT_SUFFIXES + tuple(s if s.startswith(".") else "." + s for s in args.text_suffix)
     n_test = 0
     if args.input:
         files = sources.list_local_inputs(args.input, text_suffixes)
@@ -144,93 +170,113 @@ def prepare(args: argparse.Namespace, cleanup: ExitStack) -> int:
             files, n_test = sources.list_dataset_splits(dataset, args.dataset_config, args.text_column, cache_dir,
                                                         args.shard_index, args.num_shards)
     files, n_test_files = sources.plan_files(files, args.shard_index, args.num_shards)
-    n_test += n_test_files
     if not files:
         raise UserError(f"shard {args.shard_index} of {args.num_shards} gets no train or validation files "
                         f"(the input has fewer files than --num-shards); use fewer shards")
-    has_own_val = any(f.split == "val" for f in files)
-    if has_own_val:
-        if args.val_fraction:
-            print(f"note: the input has validation files ({', '.join(f.name for f in files if f.split == 'val')}); "
-                  "--val-fraction is ignored", file=sys.stderr)
-        val_fraction = 0.0
-    else:
-        val_fraction = DEFAULT_VAL_FRACTION if args.val_fraction is None else args.val_fraction
-    settings = {
-        "encoding": args.encoding, "eot": enc.eot_token, "n_vocab": enc.n_vocab, "dtype": dtype.name,
-        "val_fraction": val_fraction, "text_column": args.text_column, "include": sorted(set(args.include_subset)),
-        "exclude": sorted(set(args.exclude_subset)), "skip_bad_lines": args.skip_bad_lines,
-        "dataset_config": args.dataset_config,
-    }
-    fingerprint = out_folder.state_fingerprint(files, settings, args.max_tokens)
-    sizes = [f.size for f in files]
-    out_dir = Path(args.out_dir)
-    state = out_folder.check_out_dir(out_dir, fingerprint, files, args.overwrite)
-    if state is not None and state.get("publish"):  # killed while publishing: finish that
-        out_folder.publish(out_dir, state)
-        report(out_dir, json.loads(state["publish"]), time.time() - t0, 0)
-        return 0
+    return Inputs(files, n_test + n_test_files, source_info)
 
+
+def has_own_val(files: list[sources.SourceFile]) -> bool:
+    return any(f.split == "val" for f in files)
+
+
+def choose_val_fraction(args: argparse.Namespace, files: list[sources.SourceFile]) -> float:
+    """--val-fraction (or its default), or 0 when the input has validation files of its own."""
+    if not has_own_val(files):
+        return DEFAULT_VAL_FRACTION if args.val_fraction is None else args.val_fraction
+    if args.val_fraction:
+        print(f"note: the input has validation files ({', '.join(f.name for f in files if f.split == 'val')}); "
+              "--val-fraction is ignored", file=sys.stderr)
+    return 0.0
+
+
+def open_output(out_dir: Path, fingerprint: dict, files: list[sources.SourceFile], state: Optional[dict],
+                dtype: np.dtype) -> Output:
+    """Create --out-dir (or reopen a stopped run's) and its writer, at the progress `state` records."""
     created = not out_dir.exists()
     try:
         out_folder.make_out_dir(out_dir, fresh=state is None)
         progress = out_folder.resume_progress(state, files) if state else out_folder.fresh_progress()
-        writer = out_folder.Writer(out_dir, fingerprint, sizes, progress, dtype)
+        writer = out_folder.Writer(out_dir, fingerprint, [f.size for f in files], progress, dtype)
     except UserError:
         if state is None:
             out_folder.discard(out_dir, created)
         raise
-    resumed = copy.deepcopy(writer.done)
-    if state:
-        i, (offset, line) = resumed["files_done"], resumed["position"]
-        where = f", {files[i].name} from {'row' if files[i].kind == 'rows' else 'line'} {line}" if offset else ""
-        print(f"resuming: {i} of {len(files)} files already done{where} "
-              f"({resumed['tokens']['train']:,} train tokens)", file=sys.stderr)
+    return Output(out_dir, writer, created)
+
+
+def print_resume(resumed: dict, files: list[sources.SourceFile]) -> None:
+    i, (offset, line) = resumed["files_done"], resumed["position"]
+    where = f", {files[i].name} from {'row' if files[i].kind == 'rows' else 'line'} {line}" if offset else ""
+    print(f"resuming: {i} of {len(files)} files already done{where} "
+          f"({resumed['tokens']['train']:,} train tokens)", file=sys.stderr)
+
+
+def tokenize_all(files: list[sources.SourceFile], output: Output, args: argparse.Namespace, settings: dict,
+                 resumed: dict) -> bool:
+    """tokenize() with a progress bar and the tokenizer processes; any failure or stop (SIGTERM too) keeps every
+    finished document for the next run. Returns True if stopped at --max-tokens."""
+    from tqdm import tqdm
+
     progress = tqdm(total=args.max_tokens, initial=sum(resumed["tokens"].values()), unit="tok",
                     unit_scale=True, desc="tokenizing", dynamic_ncols=True, file=sys.stderr,
                     mininterval=0.5 if sys.stderr.isatty() else 30)  # a log file gets a line per 30 s
     pipeline = tokenize_pool.Pipeline(min(args.num_proc, 64), settings)
     previous_term = signal.signal(signal.SIGTERM, _raise_interrupt)  # preemption: stop as cleanly as Ctrl-C
     try:
-        reached = tokenize(files, writer, pipeline, args.max_tokens, progress, settings)
+        reached = tokenize(files, output.writer, pipeline, args.max_tokens, progress, settings)
     except BaseException as e:
         pipeline.close(terminate=True)
         progress.close()
-        writer.save_progress()  # keep every finished document for the next run
-        writer.close()
-        kept = writer.committed["files_done"] or writer.committed["position"][0]
-        if not kept:
-            out_folder.discard(out_dir, created)  # nothing worth resuming: leave the folder as it was
-        where = (f"{writer.committed['files_done']} of {len(files)} files done; run the same command again to "
-                 "resume" if kept else "nothing written")
-        if isinstance(e, sources.BadInput):
-            raise UserError(f"{e} ({where})") from None
-        if isinstance(e, UserError):
-            raise type(e)(f"{e} ({where})") from None
-        if isinstance(e, KeyboardInterrupt):
-            print(f"interrupted: {writer.committed['files_done']} of {len(files)} files done; run the same "
-                  "command again to resume", file=sys.stderr)
+        replacement = keep_for_resume(e, output, files)
+        if replacement is not None:
+            raise replacement from None
         raise
     finally:
         signal.signal(signal.SIGTERM, previous_term)
     pipeline.close(terminate=reached)
     progress.close()
+    return reached
 
-    totals = writer.pending
-    if totals["tokens"]["train"] == 0:
-        writer.close()
-        out_folder.discard(out_dir, created)
-        what = ", ".join(source_info.get("input") or [source_info["dataset"]])
-        raise UserError(f"empty corpus: no text in {what} (documents empty or whitespace-only: {totals['empty']}, "
-                        f"filtered out: {totals['filtered']}, bad lines: {totals['bad_lines']}); check the input, "
-                        "--text-column and the subset filters")
+
+def keep_for_resume(e: BaseException, output: Output, files: list[sources.SourceFile]) -> Optional[BaseException]:
+    """After tokenize() stopped with `e`: record the progress (or remove a folder with nothing worth resuming);
+    the error to raise instead of `e`, naming what is kept, or None to raise `e` itself."""
+    writer = output.writer
+    writer.save_progress()  # keep every finished document for the next run
+    writer.close()
+    kept = writer.committed["files_done"] or writer.committed["position"][0]
+    if not kept:
+        output.discard()  # nothing worth resuming: leave the folder as it was
+    where = (f"{writer.committed['files_done']} of {len(files)} files done; run the same command again to "
+             "resume" if kept else "nothing written")
+    if isinstance(e, sources.BadInput):
+        return UserError(f"{e} ({where})")
+    if isinstance(e, UserError):
+        return type(e)(f"{e} ({where})")
+    if isinstance(e, KeyboardInterrupt):
+        print(f"interrupted: {writer.committed['files_done']} of {len(files)} files done; run the same "
+              "command again to resume", file=sys.stderr)
+    return None
+
+
+def empty_corpus_error(totals: dict, source_info: dict) -> UserError:
+    what = ", ".join(source_info.get("input") or [source_info["dataset"]])
+    return UserError(f"empty corpus: no text in {what} (documents empty or whitespace-only: {totals['empty']}, "
+                     f"filtered out: {totals['filtered']}, bad lines: {totals['bad_lines']}); check the input, "
+                     "--text-column and the subset filters")
+
+
+def make_meta(args: argparse.Namespace, enc, dtype: np.dtype, inputs: Inputs, totals: dict, reached: bool,
+              val_fraction: float, settings: dict) -> Meta:
+    """meta.json of the finished dataset: the splits' files and counts, and how they were made."""
     splits = {s: {"file": f"{s}.bin", "tokens": totals["tokens"][s], "documents": totals["documents"][s]}
               for s in ("train", "val") if totals["tokens"][s]}
-    meta = Meta(tokenizer=args.encoding, vocab_size=enc.n_vocab, eot_token=enc.eot_token, dtype=dtype.name,
+    read = inputs.files[: totals["files_done"] + (1 if reached else 0)]
+    return Meta(tokenizer=args.encoding, vocab_size=enc.n_vocab, eot_token=enc.eot_token, dtype=dtype.name,
                 splits=splits, info={
-        "sources": {**source_info, "files": [f.name for f in files[: totals["files_done"] + (1 if reached else 0)]],
-                    "test_files_skipped": n_test},
-        "val_split": "the dataset's validation files" if has_own_val else
+        "sources": {**inputs.source_info, "files": [f.name for f in read], "test_files_skipped": inputs.test_skipped},
+        "val_split": "the dataset's validation files" if has_own_val(inputs.files) else
                      (f"hash of each document, fraction {val_fraction}" if val_fraction else "none"),
         "text_column": args.text_column, "include_subsets": settings["include"],
         "exclude_subsets": settings["exclude"], "max_tokens": args.max_tokens, "stopped_at_max_tokens": reached,
@@ -238,46 +284,49 @@ def prepare(args: argparse.Namespace, cleanup: ExitStack) -> int:
         "skipped_bad_lines": totals["bad_lines"], "filtered_documents": totals["filtered"],
         "empty_documents": totals["empty"],
     })
-    try:
-        out_folder.publish(out_dir, writer.finish(meta))
-    except out_folder.OutputError as e:
-        raise out_folder.OutputError(f"{e} (every file is tokenized; run the same command again to finish)") from None
-    if val_fraction and not totals["tokens"]["val"]:
-        print(f"note: --val-fraction {val_fraction} picked none of the {totals['documents']['train']:,} documents "
-              "(a .txt file is one document), so there is no val.bin; use more documents or a larger fraction",
-              file=sys.stderr)
-    report(out_dir, json.loads(meta.to_json()), time.time() - t0,
-           sum(totals["tokens"].values()) - sum(resumed["tokens"].values()))
-    return 0
 
 
-def tokenize(files: list[sources.SourceFile], writer: out_folder.Writer, pipeline: tokenize_pool.Pipeline,
-             max_tokens: Optional[int], progress, settings: dict) -> bool:
-    """Tokenize from writer.done's position to the end, in order. Returns True if stopped at --max-tokens."""
+@dataclass
+class _Tokenizing:
+    """One pass over the files: tasks go into the pipeline in order, and its results, in the same order, to the
+    writer; each file's end and each task's end boundary is recorded for a resumed run."""
+    files: list[sources.SourceFile]
+    writer: out_folder.Writer
+    pipeline: tokenize_pool.Pipeline
+    max_tokens: Optional[int]
+    progress: Any  # the tqdm bar
 
-    def handle(file_index: int, resume_at: Optional[tuple], result: Optional[dict]) -> bool:
+    def handle(self, file_index: int, resume_at: Optional[tuple], result: Optional[dict]) -> bool:
+        """One result of the pipeline (None: the end of a file); True when --max-tokens is reached."""
         if result is None:
-            writer.file_done()
-            progress.set_postfix_str(f"files {writer.done['files_done']}/{len(files)} "
-                                     f"docs {sum(writer.pending['documents'].values()):,}", refresh=False)
+            self.writer.file_done()
+            self.progress.set_postfix_str(f"files {self.writer.done['files_done']}/{len(self.files)} "
+                                          f"docs {sum(self.writer.pending['documents'].values()):,}", refresh=False)
             return False
-        reached = writer.write(result, max_tokens)
-        progress.update(len(result["train"]) + len(result["val"]))
+        reached = self.writer.write(result, self.max_tokens)
+        self.progress.update(len(result["train"]) + len(result["val"]))
         if resume_at is not None and not reached:
-            writer.mark(resume_at)
+            self.writer.mark(resume_at)
         return reached
 
-    with_subsets = bool(settings["include"] or settings["exclude"])
-    for i in range(writer.done["files_done"], len(files)):
-        src = files[i]
+    def drain(self, while_full: bool = False) -> bool:
+        """Hand results to the writer until the pipeline has room (`while_full`) or is empty; True at --max-tokens."""
+        while self.pipeline.full() if while_full else self.pipeline.queue:
+            if self.handle(*self.pipeline.pop()):
+                return True
+        return False
+
+    def read_file(self, i: int, text_column: str, with_subsets: bool) -> bool:
+        """Submit file i's tasks from the writer's position; a failed read (a dropped connection) is retried from
+        the last document boundary, 3 attempts in all. True when --max-tokens is reached."""
+        src = self.files[i]
         for attempt in range(1, 4):
-            start = tuple(writer.done["position"]) if writer.done["files_done"] == i else (0, 1)
+            start = tuple(self.writer.done["position"]) if self.writer.done["files_done"] == i else (0, 1)
             try:
-                for task in sources.read_tasks(src, start, settings["text_column"], with_subsets):
-                    pipeline.submit(i, task)
-                    while pipeline.full():
-                        if handle(*pipeline.pop()):
-                            return True
+                for task in sources.read_tasks(src, start, text_column, with_subsets):
+                    self.pipeline.submit(i, task)
+                    if self.drain(while_full=True):
+                        return True
             except (sources.BadInput, UserError, KeyboardInterrupt):
                 raise
             except Exception as e:  # reading the file failed (tokenizer errors come from pop(), not here)
@@ -289,20 +338,27 @@ def tokenize(files: list[sources.SourceFile], writer: out_folder.Writer, pipelin
                                     "check the connection and run the same command again to resume") from None
                 # A dropped connection: keep every task already read, forget a text document's first pieces,
                 # and read on from the last boundary.
-                while pipeline.queue:
-                    if handle(*pipeline.pop()):
-                        return True
-                writer.rollback()
+                if self.drain():
+                    return True
+                self.writer.rollback()
                 print(f"\n{src.name}: {type(e).__name__}: {one_line(e)}; reading on (attempt {attempt + 1}/3)",
                       file=sys.stderr)
                 time.sleep(2 ** attempt)
                 continue
-            pipeline.submit(i, None)
-            break
-    while pipeline.queue:
-        if handle(*pipeline.pop()):
+            self.pipeline.submit(i, None)
+            return False
+        raise AssertionError("unreachable: the third failed attempt raises")
+
+
+def tokenize(files: list[sources.SourceFile], writer: out_folder.Writer, pipeline: tokenize_pool.Pipeline,
+             max_tokens: Optional[int], progress, settings: dict) -> bool:
+    """Tokenize from writer.done's position to the end, in order. Returns True if stopped at --max-tokens."""
+    run = _Tokenizing(files, writer, pipeline, max_tokens, progress)
+    with_subsets = bool(settings["include"] or settings["exclude"])
+    for i in range(writer.done["files_done"], len(files)):
+        if run.read_file(i, settings["text_column"], with_subsets):
             return True
-    return False
+    return run.drain()
 
 
 def report(out_dir: Path, meta: dict, seconds: float, new_tokens: int) -> None:

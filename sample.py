@@ -1,21 +1,11 @@
-"""Generate text from a trained GPT: a model.pt export or a Composer checkpoint, local or on S3.
+"""Generate text from a trained GPT: a model.pt export, a Composer checkpoint or a run folder, local or on S3,
+read weights-only (nothing in a file can run code). Samples go to stdout, each followed by a line of dashes;
+progress to stderr. The same --seed on the same device gives the same text. Details: docs/evaluation.md.
 
+Usage:
     python sample.py --checkpoint runs/quickstart --prompt "def main(" --num-samples 3 --max-new-tokens 200
     python sample.py --checkpoint s3://bucket/runs/pile/model.pt --prompt "The meaning of life" --top-k 50
-    python sample.py --checkpoint runs/pile/ep0-ba2000-rank0.pt --device cuda --seed 7
-
---checkpoint takes
-- the weights-only export `model.pt` that train.py writes beside its checkpoints (checkpoint.save_export);
-- a Composer checkpoint file (`ep*-ba*-rank0.pt`, `latest-rank0.pt`, or its `.symlink` on S3);
-- a run folder (local or s3://bucket/prefix): its model.pt, else its latest-rank0.pt checkpoint.
-Files are read by pilegpt/checkpoint.py with torch.load(weights_only=True): nothing in a file can run code while
-it is read.
-The GPT's shape comes from the export's model_args, or from the model_args train.py stores in the
-Composer checkpoint's model state (`_extra_state`); for a checkpoint without them, pass --n-head.
-
-Samples go to stdout (prompt + continuation), each followed by a line of dashes; progress and the
-summary line go to stderr. The same --seed on the same device gives the same text; --top-k 1 is greedy.
-"""
+    python sample.py --checkpoint runs/pile/ep0-ba2000-rank0.pt --device cuda --seed 7"""
 
 from __future__ import annotations
 
@@ -33,7 +23,8 @@ SEPARATOR = "-" * 40  # printed after each sample
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__[__doc__.index("Usage:"):],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True,
                    help="model.pt export, Composer checkpoint file, or run folder; local path or s3://bucket/key")
     p.add_argument("--prompt", default=EOT, help=f"text to continue (default {EOT}: the start of a new document)")

@@ -1,11 +1,7 @@
-"""Turn prepare_data.py's token .bin files into MosaicML Streaming (MDS) shards of x/y samples.
-
-Each sample has two columns, `x` and `y`, each `block_size` tokens, with y = x shifted by one token (the
-autoregressive target). By default the windows are consecutive and non-overlapping: sample i is
-tokens[i*T : i*T + T + 1] (x = its first T tokens, y = its last T), so every token of the .bin is an input
-exactly once and the last incomplete window is dropped (the count is reported). zstd compression keeps
-y almost free (it repeats x one token later), so the shards take about 1.2-2.0 bytes per token of the .bin
-(uncompressed x+y would be 4.0 for uint16).
+"""Turn prepare_data.py's token .bin files into MosaicML Streaming (MDS) shards of x/y samples (y = x shifted by
+one token; consecutive windows by default), written into place whole, locally and/or on S3 (index.json last):
+OUT[/split]/index.json, shard.NNNNN.mds.zstd and to_mds.json (how it was made, so --verify needs no flags later).
+The same files for any --num-proc. Windows, storage, parallelism and safety: docs/mds-and-s3.md.
 
 Usage:
     # a prepare_data folder: every split present (train.bin, val.bin) -> OUT/train, OUT/val
@@ -22,26 +18,6 @@ Usage:
     python to_mds.py --bin data/shakespeare --out mds/shakespeare --verify
     # a bare .bin without meta.json
     python to_mds.py --bin tokens.bin --out mds/tokens --block-size 128 --dtype uint16 --vocab-size 50257
-
-Output: OUT[/split]/index.json + shard.NNNNN.mds.zstd (the MDS dataset) + to_mds.json (how it was made:
-block_size, dtype, vocab, sampling, source token count), so --verify needs no other flags later.
-
-Parallelism: --num-proc N processes convert one .bin into one dataset, each writing whole shards with a Streaming
-MDSWriter of its own; the shards are cut, named and indexed as one MDSWriter would have made them, so the files
-are the same, byte for byte, for any N (N = 1 converts in this process). The default is the CPU count, at most 8;
-each process holds about four shards' worth of memory. --workers is an older name of --num-proc.
-
-Safety: the dataset is written under OUT.tmp-<pid> and renamed into place when complete; an existing
-dataset is replaced only with --overwrite, and only after the new one is complete. The --num-proc processes
-end with the run, even a killed one (on Linux), so none writes on into a folder a later run cleans up. With
---remote, every index.json is uploaded after every shard, so a reader never sees a half-uploaded dataset, and a
-failed upload is removed again (all splits or none). Replacing an S3 dataset uploads the new one under
-<remote>.tmp-<pid> first and swaps it in with server-side copies.
-Without --out the temp folder needs room for the whole dataset (~1.2-2 bytes per token of the .bin).
-
-This script is the order of events; the parts are modules of pilegpt/: mds_write (the shards, in parallel),
-mds_publish (putting a complete dataset in place, locally and on S3), mds_verify (--verify), and data (the
-contracts shared with the other stages: meta.json, the window, the columns, the names).
 """
 
 from __future__ import annotations
@@ -61,7 +37,7 @@ from pilegpt.common import UserError, check_writable_folder, load_dotenv_file, r
 from pilegpt.data import INDEX_NAME, META_NAME, SPLITS, TOKEN_DTYPES, Meta, count_tokens
 from pilegpt.mds.publish import clean_stale_local, is_dataset_dir, local_exists, publish_local, publish_remote
 from pilegpt.mds.verify import load_spec, verify_split
-from pilegpt.mds.write import SplitJob, WriterSettings, make_spec, write_split
+from pilegpt.mds.write import SplitJob, WriterSettings, Written, make_spec, write_split
 from pilegpt.s3 import S3Dir
 
 log = logging.getLogger("to_mds")
@@ -213,20 +189,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     jobs, dtype, vocab, info = resolve_inputs(args)
     settings = check_writer_flags(args)
     out = Path(args.out) if args.out else None
-    endpoint = s3.endpoint_url(args.endpoint_url)
-    if endpoint:  # Streaming's downloader (--verify) reads S3_ENDPOINT_URL only
-        os.environ["S3_ENDPOINT_URL"] = endpoint
-    remote = S3Dir(args.remote, s3.make_client(endpoint)) if args.remote else None
-    if remote is not None:
-        remote.check()  # the bucket and the credentials, before any work
-
-    if out is not None:
-        check_writable_folder(out, "--out", "choose another folder", beside=True)  # the dataset is staged beside it
-        clean_stale_local(out)
-    exists_local = out is not None and local_exists(out)
-    exists_remote = remote is not None and any(remote.child(j.sub).exists(INDEX_NAME) for j in jobs)
-    if exists_local and not is_dataset_dir(out):
-        raise UserError(f"--out {out} exists and is not an MDS dataset (no {INDEX_NAME}); choose another folder")
+    remote = open_remote(args)
+    exists_local, exists_remote = existing_datasets(out, remote, jobs)
     if (exists_local or exists_remote) and not args.overwrite:
         if not args.verify:
             where = out if exists_local else args.remote
@@ -238,6 +202,44 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     # every spec first: a .bin too short for --block-size fails before anything is written
     specs = [make_spec(j, args.block_size, args.num_samples, args.seed, dtype, vocab, info) for j in jobs]
+    results, uploaded = write_and_publish(args, jobs, specs, settings, out, remote, exists_remote)
+    for job, spec, res in zip(jobs, specs, results):
+        print_result(job, spec, res, dtype, out, remote)
+    if uploaded:
+        print(uploaded)
+    if args.verify:
+        return verify_all(args, jobs, dtype, remote, out, remote is not None)
+    return 0
+
+
+def open_remote(args: argparse.Namespace) -> Optional[S3Dir]:
+    """The --remote prefix with its S3 client, its bucket and credentials checked before any work (None: none)."""
+    endpoint = s3.endpoint_url(args.endpoint_url)
+    if endpoint:  # Streaming's downloader (--verify) reads S3_ENDPOINT_URL only
+        os.environ["S3_ENDPOINT_URL"] = endpoint
+    remote = S3Dir(args.remote, s3.make_client(endpoint)) if args.remote else None
+    if remote is not None:
+        remote.check()
+    return remote
+
+
+def existing_datasets(out: Optional[Path], remote: Optional[S3Dir], jobs: list[SplitJob]) -> tuple[bool, bool]:
+    """(a dataset is at --out, one is at --remote); --out must be writable and, if it exists, an MDS dataset."""
+    if out is not None:
+        check_writable_folder(out, "--out", "choose another folder", beside=True)  # the dataset is staged beside it
+        clean_stale_local(out)
+    exists_local = out is not None and local_exists(out)
+    exists_remote = remote is not None and any(remote.child(j.sub).exists(INDEX_NAME) for j in jobs)
+    if exists_local and not is_dataset_dir(out):
+        raise UserError(f"--out {out} exists and is not an MDS dataset (no {INDEX_NAME}); choose another folder")
+    return exists_local, exists_remote
+
+
+def write_and_publish(args: argparse.Namespace, jobs: list[SplitJob], specs: list[dict], settings: WriterSettings,
+                      out: Optional[Path], remote: Optional[S3Dir],
+                      exists_remote: bool) -> tuple[list[Written], Optional[str]]:
+    """Write every split into a staging folder, then put it in place: on S3 (index.json last), then at --out.
+    Returns each split's write result and the upload's summary line (None without --remote)."""
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         staging = out.with_name(f"{out.name}.tmp-{os.getpid()}")
@@ -254,20 +256,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     finally:
         if not published or out is None:
             shutil.rmtree(staging, ignore_errors=True)
+    return results, uploaded
 
-    for job, spec, res in zip(jobs, specs, results):
-        where = " and ".join(str(w) for w in (
-            (out / job.sub if job.sub else out) if out is not None else None,
-            remote.child(job.sub).url if remote else None) if w)
-        print(f"{job.name}: {res.samples:,} samples of {spec['block_size']} tokens ({spec['sampling']}) -> "
-              f"{res.shards} shard(s), {res.bytes / 1e6:.2f} MB, {res.bytes / job.n_tokens:.3f} bytes/token of "
-              f"{job.bin_path.name} ({job.n_tokens:,} tokens, {spec['dropped_tail_tokens']} tail tokens dropped), "
-              f"{job.n_tokens * dtype.itemsize / 1e6 / max(res.seconds, 1e-9):.1f} MB/s -> {where}")
-    if uploaded:
-        print(uploaded)
-    if args.verify:
-        return verify_all(args, jobs, dtype, remote, out, remote is not None)
-    return 0
+
+def print_result(job: SplitJob, spec: dict, res: Written, dtype: np.dtype, out: Optional[Path],
+                 remote: Optional[S3Dir]) -> None:
+    where = " and ".join(str(w) for w in (
+        (out / job.sub if job.sub else out) if out is not None else None,
+        remote.child(job.sub).url if remote else None) if w)
+    print(f"{job.name}: {res.samples:,} samples of {spec['block_size']} tokens ({spec['sampling']}) -> "
+          f"{res.shards} shard(s), {res.bytes / 1e6:.2f} MB, {res.bytes / job.n_tokens:.3f} bytes/token of "
+          f"{job.bin_path.name} ({job.n_tokens:,} tokens, {spec['dropped_tail_tokens']} tail tokens dropped), "
+          f"{job.n_tokens * dtype.itemsize / 1e6 / max(res.seconds, 1e-9):.1f} MB/s -> {where}")
 
 
 def verify_all(args: argparse.Namespace, jobs: list[SplitJob], dtype: np.dtype, remote: Optional[S3Dir],

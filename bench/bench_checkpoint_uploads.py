@@ -59,6 +59,22 @@ def train(variant: str, data: Path, save_folder: str, batches: int, every: int, 
     return seconds
 
 
+def run_rounds(args: argparse.Namespace, tmp: Path, served: Path, env: dict, saves: int) -> dict[str, list[float]]:
+    """--rounds rounds of the three variants, interleaved; each S3 run must leave every checkpoint in the bucket."""
+    times: dict[str, list[float]] = {"local": [], "composer": [], "threads": []}
+    for r in range(args.rounds):
+        for variant in times:
+            cwd = tmp / f"{variant}{r}"
+            cwd.mkdir()
+            folder = str(cwd / "run") if variant == "local" else f"s3://bench/{variant}{r}"
+            times[variant].append(train(variant, tmp / "data", folder, args.batches, args.save_every, cwd, env))
+            if variant != "local":
+                got = sorted(p.name for p in (served / f"{variant}{r}").glob("ep*-ba*-rank0.pt"))
+                assert len(got) == saves and (served / f"{variant}{r}" / "model.pt").is_file(), got
+            print(f"round {r + 1}: {variant:<8} {times[variant][-1]:6.1f} s", flush=True)
+    return times
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--batches", type=int, default=60, help="batches per run (default 60)")
@@ -75,19 +91,8 @@ def main(argv=None) -> int:
         endpoint = s3.endpoint_url
         env = {**os.environ, "AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET,
                "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint, "PYTHONUNBUFFERED": "1"}
-        times: dict[str, list[float]] = {"local": [], "composer": [], "threads": []}
         try:
-            for r in range(args.rounds):
-                for variant in times:
-                    cwd = tmp / f"{variant}{r}"
-                    cwd.mkdir()
-                    folder = str(cwd / "run") if variant == "local" else f"s3://bench/{variant}{r}"
-                    times[variant].append(train(variant, tmp / "data", folder, args.batches, args.save_every, cwd,
-                                                env))
-                    if variant != "local":
-                        got = sorted(p.name for p in (served / f"{variant}{r}").glob("ep*-ba*-rank0.pt"))
-                        assert len(got) == saves and (served / f"{variant}{r}" / "model.pt").is_file(), got
-                    print(f"round {r + 1}: {variant:<8} {times[variant][-1]:6.1f} s", flush=True)
+            times = run_rounds(args, tmp, served, env, saves)
         finally:
             stop(server)
         size = max(p.stat().st_size for p in (served / "threads0").glob("ep*-ba*-rank0.pt"))

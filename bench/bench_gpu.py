@@ -69,9 +69,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -261,24 +261,37 @@ def run_variant(setup: Setup, v: Variant, precision: str, timeout_s: float) -> R
     out_file = (setup.logs or setup.work) / f"{v.name}.out.txt"  # a file, not a pipe: nothing to wait on if killed
     out_file.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
+    returncode, timed_out = run_with_timeout(cmd, setup.work, env, out_file, timeout_s)
+    row.run_s = time.monotonic() - t0
+    output = out_file.read_text(errors="replace")
+    keep_logs(setup, v.name, run_dir)
+    timed, batches = read_run(row, v, setup, run_dir)
+    shutil.rmtree(run_dir, ignore_errors=True)  # checkpoints: 1.5 GB per run
+    row.note = outcome_note(row, timed_out, returncode, output, timed, batches)
+    print(f"{v.name}: {fmt(row.tokens_per_s, '.0f')} tokens/s, MFU {row.mfu or 'n/a'}, peak "
+          f"{fmt(row.peak_gb, '.1f')} GB, {row.run_s:.0f} s; {row.note}", flush=True)
+    return row
+
+
+def run_with_timeout(cmd: list[str], cwd: Path, env: dict, out_file: Path, timeout_s: float) -> tuple[int, bool]:
+    """Run `cmd` with its output to `out_file`; (exit code, whether it was killed at `timeout_s`)."""
     with open(out_file, "w") as out:
         # its own session, so that a timeout stops train.py and its DataLoader and compile workers together
-        proc = subprocess.Popen(cmd, cwd=setup.work, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             proc.wait(timeout=timeout_s)
-            timed_out = False
+            return proc.returncode, False
         except subprocess.TimeoutExpired:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:  # it ended just now
                 pass
             proc.wait()
-            timed_out = True
-    row.run_s = time.monotonic() - t0
-    output = out_file.read_text(errors="replace")
-    keep_logs(setup, v.name, run_dir)
+            return proc.returncode, True
 
+
+def read_run(row: Row, v: Variant, setup: Setup, run_dir: Path) -> tuple[int, int]:
+    """Fill `row` from the run's metrics.jsonl, Composer's file log and config.json; (steps timed, last batch)."""
     metrics = run_dir / "metrics.jsonl"
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.is_file() else []
     row.tokens_per_s, timed = step_timing(rows, setup.warmup, last_step=setup.steps)
@@ -299,22 +312,24 @@ def run_variant(setup: Setup, v: Variant, precision: str, timeout_s: float) -> R
         row.versions = (f"torch {info.get('torch')}, composer {info.get('composer')}, streaming "
                         f"{info.get('streaming')}, commit {(info.get('git_commit') or 'unknown')[:12]}")
     row.mfu = mfu_text(row, v, setup, composer_mfu)
-    shutil.rmtree(run_dir, ignore_errors=True)  # checkpoints: 1.5 GB per run
+    return timed, max(by_batch, default=0)
 
+
+def outcome_note(row: Row, timed_out: bool, returncode: int, output: str, timed: int, batches: int) -> str:
+    """The row's note: stopped by the budget, failed (with the last error line), or the steps timed."""
+    note = row.note
     if timed_out:
-        row.note = f"stopped by the budget after {row.run_s:.0f} s and {max(by_batch, default=0)} batches"
-    elif proc.returncode != 0:
+        note = f"stopped by the budget after {row.run_s:.0f} s and {batches} batches"
+    elif returncode != 0:
         lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
         last = next((ln for ln in reversed(lines) if "Error" in ln or ln.startswith("error:")), lines[-1] if lines
                     else "no output")
-        row.note = f"failed (exit {proc.returncode}): {last[:200]}"
-    if row.tokens_per_s is None and not row.note:
-        row.note = f"no timed steps in {metrics.name}"
-    elif row.tokens_per_s is not None:
-        row.note = "; ".join(n for n in (row.note, f"{timed} steps timed") if n)
-    print(f"{v.name}: {fmt(row.tokens_per_s, '.0f')} tokens/s, MFU {row.mfu or 'n/a'}, peak "
-          f"{fmt(row.peak_gb, '.1f')} GB, {row.run_s:.0f} s; {row.note}", flush=True)
-    return row
+        note = f"failed (exit {returncode}): {last[:200]}"
+    if row.tokens_per_s is None and not note:
+        return "no timed steps in metrics.jsonl"
+    if row.tokens_per_s is not None:
+        return "; ".join(n for n in (note, f"{timed} steps timed") if n)
+    return note
 
 
 def mfu_text(row: Row, v: Variant, setup: Setup, composer_mfu: Optional[float]) -> str:
@@ -482,12 +497,17 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    t_start = time.monotonic()
-    args = parse_args(argv)
-    from pilegpt.train.config import read_config_file
+class Plan(NamedTuple):
+    """The sizes of the bench: from the flags, --smoke and config/pile.py."""
+    steps: int
+    warmup: int  # steps not timed
+    batch: int  # sequences per step
+    microbatch: int  # the fixed microbatch
+    block_size: int
+    workers: list[int]  # num_workers of the loader rows
 
-    pile = read_config_file(str(PILE))
+
+def make_plan(args: argparse.Namespace, pile: dict) -> Plan:
     smoke = args.smoke
     steps = args.steps or (8 if smoke else 30)
     warmup = args.warmup if args.warmup is not None else (3 if smoke else 10)
@@ -507,62 +527,92 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         workers = [-1]
     if any(w < 0 for w in workers):
         raise UserError(f"--loader-workers takes counts >= 0 with commas, e.g. 8,2,0; got {args.loader_workers}")
+    return Plan(steps, warmup, batch, microbatch, block_size, workers)
 
+
+def pick_device(smoke: bool) -> tuple[Optional[str], str, list[str]]:
+    """(the GPU's name or None, the precision, the train.py settings of the device and the smoke model)."""
     import torch
 
     if smoke:
-        gpu, precision, extra = None, "fp32", [*SMOKE_MODEL, "--device=cpu", "--num_workers=2"]
-    else:
-        if not torch.cuda.is_available():
-            raise UserError("no CUDA GPU here: run `python bench/bench_gpu.py --smoke` for the CPU check")
-        gpu, precision, extra = torch.cuda.get_device_name(0), "amp_bf16", ["--device=gpu"]
-    variants = [v for v in VARIANTS if not args.only or v.name in args.only]
-    logs = args.out.parent / f"{args.out.stem}_logs" if args.out else None
+        return None, "fp32", [*SMOKE_MODEL, "--device=cpu", "--num_workers=2"]
+    if not torch.cuda.is_available():
+        raise UserError("no CUDA GPU here: run `python bench/bench_gpu.py --smoke` for the CPU check")
+    return torch.cuda.get_device_name(0), "amp_bf16", ["--device=gpu"]
 
+
+def make_header(smoke: bool, gpu: Optional[str], precision: str, plan: Plan) -> list[str]:
     peak = peak_tflops(gpu) if gpu else None
     device = (f"{gpu} ({f'{peak:.0f} TFLOPs bf16 dense' if peak else 'not in PEAK_BF16_TFLOPS: MFU from Composer'})"
               if gpu else f"CPU ({os.cpu_count()} cores), model {' '.join(SMOKE_MODEL)}")
-    header = [f"# bench/bench_gpu.py{' --smoke' if smoke else ''}: config/pile.py on one device", "",
-              f"{device}; {precision}; {batch} x {block_size} tokens per step, microbatch {microbatch} or auto; "
-              f"{steps} steps per variant, median step of {warmup + 1}-{steps - 1}; random token ids through "
-              f"to_mds.py (zstd); {time.strftime('%Y-%m-%d %H:%M')}"]
-    rows: list[Row] = []
+    return [f"# bench/bench_gpu.py{' --smoke' if smoke else ''}: config/pile.py on one device", "",
+            f"{device}; {precision}; {plan.batch} x {plan.block_size} tokens per step, microbatch {plan.microbatch} "
+            f"or auto; {plan.steps} steps per variant, median step of {plan.warmup + 1}-{plan.steps - 1}; random "
+            f"token ids through to_mds.py (zstd); {time.strftime('%Y-%m-%d %H:%M')}"]
 
-    def save(recommendation: str = "") -> str:
-        text = render(rows, header, recommendation)
-        if args.out:
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(args.out, text)
+
+@dataclass
+class Table:
+    """The rows so far, rewritten to --out after every row, so a timeout keeps what was measured."""
+    header: list[str]
+    out: Optional[Path]
+    rows: list[Row] = field(default_factory=list)
+
+    def save(self, recommendation: str = "") -> str:
+        text = render(self.rows, self.header, recommendation)
+        if self.out:
+            self.out.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(self.out, text)
         return text
 
-    save()
+
+def run_training_rows(table: Table, setup: Setup, variants: list[Variant], precision: str, budget_s: float,
+                      t_start: float) -> None:
+    """Each variant's row, in order, while --budget-s lasts: a row that needs more than is left is skipped."""
+    for v in variants:
+        left = budget_s - (time.monotonic() - t_start)
+        need = MIN_RUN_S["smoke" if setup.smoke else "compile" if v.compile else "eager"]
+        skipped = Row(v.name, "yes" if v.compile else "no", str(v.vocab_size),
+                      "auto" if v.auto_microbatch else str(setup.microbatch))
+        if setup.smoke and v.gpu_only:
+            table.rows.append(replace(skipped, note="skipped: GPU only (--smoke)"))
+        elif left < need:
+            table.rows.append(replace(skipped, note=f"skipped: {max(left, 0):.0f} s left of --budget-s "
+                                                    f"{budget_s:.0f}, this row needs ~{need}"))
+        else:
+            table.rows.append(run_variant(setup, v, precision, timeout_s=left))
+        table.save()
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    t_start = time.monotonic()
+    args = parse_args(argv)
+    from pilegpt.train.config import read_config_file
+
+    pile = read_config_file(str(PILE))
+    plan = make_plan(args, pile)
+    gpu, precision, extra = pick_device(args.smoke)
+    variants = [v for v in VARIANTS if not args.only or v.name in args.only]
+    logs = args.out.parent / f"{args.out.stem}_logs" if args.out else None
+    table = Table(make_header(args.smoke, gpu, precision, plan), args.out)
+    table.save()
     with tempfile.TemporaryDirectory(prefix="bench_gpu_", ignore_cleanup_errors=True) as tmp:
         work = Path(tmp)
-        n_train = (max(steps, args.loader_batches) + 4) * batch * 5 // 4  # room for Streaming's per-worker split
-        data_dir = write_data(work, n_train, n_val=4 * batch, block_size=block_size)
-        setup = Setup(data_dir, work, logs, block_size, batch, microbatch, steps, warmup, smoke, extra)
-        for v in variants:
-            left = args.budget_s - (time.monotonic() - t_start)
-            need = MIN_RUN_S["smoke" if smoke else "compile" if v.compile else "eager"]
-            skipped = Row(v.name, "yes" if v.compile else "no", str(v.vocab_size),
-                          "auto" if v.auto_microbatch else str(microbatch))
-            if smoke and v.gpu_only:
-                rows.append(replace(skipped, note="skipped: GPU only (--smoke)"))
-            elif left < need:
-                rows.append(replace(skipped, note=f"skipped: {max(left, 0):.0f} s left of --budget-s "
-                                                  f"{args.budget_s:.0f}, this row needs ~{need}"))
-            else:
-                rows.append(run_variant(setup, v, precision, timeout_s=left))
-            save()
-        versions = next((r.versions for r in rows if r.versions), "")
-        header[2] += f"; {versions}" if versions else ""
-        for w in workers:
-            rows.append(bench_loader(replace(setup), w, args.loader_batches))
-            save()
-    recommendation = recommend(rows, pile)
-    if smoke:
+        # 5/4: room for Streaming's split of the samples over the loader's workers
+        n_train = (max(plan.steps, args.loader_batches) + 4) * plan.batch * 5 // 4
+        data_dir = write_data(work, n_train, n_val=4 * plan.batch, block_size=plan.block_size)
+        setup = Setup(data_dir, work, logs, plan.block_size, plan.batch, plan.microbatch, plan.steps, plan.warmup,
+                      args.smoke, extra)
+        run_training_rows(table, setup, variants, precision, args.budget_s, t_start)
+        versions = next((r.versions for r in table.rows if r.versions), "")
+        table.header[2] += f"; {versions}" if versions else ""
+        for w in plan.workers:
+            table.rows.append(bench_loader(replace(setup), w, args.loader_batches))
+            table.save()
+    recommendation = recommend(table.rows, pile)
+    if args.smoke:
         recommendation += " (A --smoke run on CPU: a check that the bench works, not a basis for defaults.)"
-    print(save(recommendation), flush=True)
+    print(table.save(recommendation), flush=True)
     if args.out:
         print(f"table written to {args.out}" + (f", logs of every run in {logs}" if logs and logs.is_dir() else ""))
     return 0

@@ -212,6 +212,90 @@ def read_memmap(path: Path, block_size: int, order: np.ndarray) -> float:
     return time.perf_counter() - t0
 
 
+def bench_conversion(data: Path, tmp: Path, tokens: np.ndarray, T: int) -> str:
+    """to_mds with its defaults (and zstd:1) against a plain read and write of the same .bin."""
+    mb = tokens.nbytes / 1e6
+    base_s = min(plain_copy(data / "train.bin", tmp / f"copy{i}.bin") for i in range(2))
+    conv_s = convert(data, tmp / "mds", T)
+    conv1_s = convert(data, tmp / "mds1", T, ["--compression", "zstd:1"])
+    return (f"conversion ({len(tokens) / 1e6:.0f}M Zipf tokens, {mb:.0f} MB .bin, T={T}): "
+            f"plain read+write {mb / base_s:.0f} MB/s | to_mds zstd {mb / conv_s:.1f} MB/s "
+            f"(ratio {base_s / conv_s:.3f}) | to_mds zstd:1 {mb / conv1_s:.1f} MB/s "
+            f"(ratio {base_s / conv1_s:.3f})")
+
+
+def bench_writers(data: Path, tmp: Path, mb: float, T: int, rounds: int, limit: str) -> list[str]:
+    """The writers on shards small enough that there are many (a 256 MB .bin makes ~9 shards of 64mb), each
+    `rounds` times, interleaved; every output checked byte for byte against the first."""
+    writers = {
+        "proc1": lambda out: convert(data, out, T, ["--size-limit", limit, "--num-proc", "1"]),
+        "proc2": lambda out: convert(data, out, T, ["--size-limit", limit, "--num-proc", "2"]),
+        "threads1": lambda out: convert_with(data, out, T, "threads", 1, limit),
+        "threads2": lambda out: convert_with(data, out, T, "threads", 2, limit),
+        "arrays": lambda out: convert_with(data, out, T, "arrays", 1, limit),
+    }
+    runs = {name: [] for name in writers}  # (seconds, CPU seconds of this process, its threads and children)
+    for _ in range(rounds):  # interleaved, so a busy machine slows each writer alike
+        for name, write in writers.items():
+            cpu_start = cpu_seconds()
+            seconds = write(tmp / name)
+            runs[name].append((seconds, cpu_seconds() - cpu_start))
+            if not (tmp / "reference").exists():
+                os.rename(tmp / name, tmp / "reference")
+                continue
+            assert same_shards(tmp / "reference", tmp / name), name
+            shutil.rmtree(tmp / name)
+    n_shards = len(list((tmp / "reference").glob("shard.*")))
+    best = {name: min(r[0] for r in runs[name]) for name in writers}
+    cpu = {name: min(r[1] for r in runs[name]) for name in writers}
+    rate = {name: mb / seconds for name, seconds in best.items()}
+    busy = max(c / s for s, c in runs["proc2"])  # cores the 2 processes kept busy, in their best moment
+    return [f"writers (zstd, --size-limit {limit}: {n_shards} shards; best of {rounds}; same output "
+            f"bytes): to_mds --num-proc 1 {rate['proc1']:.1f} MB/s, --num-proc 2 {rate['proc2']:.1f} MB/s "
+            f"(2/1: {rate['proc2'] / rate['proc1']:.2f}x) | before (--workers threads) 1 thread "
+            f"{rate['threads1']:.1f} MB/s, 2 threads {rate['threads2']:.1f} MB/s (2/1: "
+            f"{rate['threads2'] / rate['threads1']:.2f}x) | one process now/before "
+            f"{rate['proc1'] / rate['threads1']:.2f}x | one public MDSWriter fed numpy arrays "
+            f"{rate['arrays']:.1f} MB/s",
+            "writers, CPU seconds per MB of .bin (little changed by other load on the machine): "
+            + ", ".join(f"{name} {cpu[name] / mb * 1e3:.1f} ms" for name in writers)
+            + f"; --num-proc 2 kept {busy:.2f} cores busy (free cores set its 2/1 ratio; load average "
+            f"{os.getloadavg()[0]:.1f} at the end)"]
+
+
+def bench_real_text(tmp: Path, T: int) -> str:
+    """Bytes per token on tiny Shakespeare in GPT-2 BPE, zstd and zstd:1."""
+    from pilegpt.tokenizer import gpt2
+
+    enc = gpt2()
+    text_tokens = np.array(enc.encode_ordinary(SHAKESPEARE.read_text()) + [enc.eot_token], np.uint16)
+    real = write_bin(tmp / "shakespeare", text_tokens)
+    convert(real, tmp / "mds_real", T)
+    convert(real, tmp / "mds_real1", T, ["--compression", "zstd:1"])
+    return (f"storage, tiny Shakespeare ({len(text_tokens):,} GPT-2 tokens, T={T}): zstd "
+            f"{folder_bytes(tmp / 'mds_real') / len(text_tokens):.3f} bytes/token, zstd:1 "
+            f"{folder_bytes(tmp / 'mds_real1') / len(text_tokens):.3f} bytes/token")
+
+
+def bench_reads(data: Path, tmp: Path, n_tokens: int, T: int, read_samples: int, batch_size: int) -> list[str]:
+    """StreamingDataset over tmp/mds against memmap windows of train.bin: every sample in order, and
+    `read_samples` in random order."""
+    n = (n_tokens - 1) // T
+    seq = np.arange(n)
+    rand = np.random.default_rng(0).permutation(n)[:read_samples]
+    s_seq, got = read_streaming(tmp / "mds", tmp / "cache_seq", None, batch_size)
+    assert got == n
+    m_seq = read_memmap(data / "train.bin", T, seq)
+    s_rand, _ = read_streaming(tmp / "mds", tmp / "cache_rand", rand, 1)
+    m_rand = read_memmap(data / "train.bin", T, rand)
+    return [f"read in order ({n:,} samples of x+y, T={T}): StreamingDataset iteration (batch_size "
+            f"{batch_size}) {n / s_seq:,.0f} samples/s | "
+            f"memmap windows {n / m_seq:,.0f} samples/s (ratio {m_seq / s_seq:.3f})",
+            f"read in random order ({len(rand):,} samples): StreamingDataset ds[i] "
+            f"{len(rand) / s_rand:,.0f} samples/s | memmap windows {len(rand) / m_rand:,.0f} samples/s "
+            f"(ratio {m_rand / s_rand:.3f})"]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tokens", type=int, default=128_000_000,
@@ -230,80 +314,13 @@ def main() -> None:
         tmp = Path(tmp)
         tokens = zipf_tokens(args.tokens)
         data = write_bin(tmp / "zipf", tokens)
-        mb = tokens.nbytes / 1e6
-
-        base_s = min(plain_copy(data / "train.bin", tmp / f"copy{i}.bin") for i in range(2))
-        conv_s = convert(data, tmp / "mds", T)
-        conv1_s = convert(data, tmp / "mds1", T, ["--compression", "zstd:1"])
-        rows.append(f"conversion ({len(tokens) / 1e6:.0f}M Zipf tokens, {mb:.0f} MB .bin, T={T}): "
-                    f"plain read+write {mb / base_s:.0f} MB/s | to_mds zstd {mb / conv_s:.1f} MB/s "
-                    f"(ratio {base_s / conv_s:.3f}) | to_mds zstd:1 {mb / conv1_s:.1f} MB/s "
-                    f"(ratio {base_s / conv1_s:.3f})")
-        # The writers, on shards small enough that there are many (a 256 MB .bin makes ~9 shards of 64mb)
-        limit = args.writer_size_limit
-        writers = {
-            "proc1": lambda out: convert(data, out, T, ["--size-limit", limit, "--num-proc", "1"]),
-            "proc2": lambda out: convert(data, out, T, ["--size-limit", limit, "--num-proc", "2"]),
-            "threads1": lambda out: convert_with(data, out, T, "threads", 1, limit),
-            "threads2": lambda out: convert_with(data, out, T, "threads", 2, limit),
-            "arrays": lambda out: convert_with(data, out, T, "arrays", 1, limit),
-        }
-        runs = {name: [] for name in writers}  # (seconds, CPU seconds of this process, its threads and children)
-        for _ in range(args.rounds):  # interleaved, so a busy machine slows each writer alike
-            for name, write in writers.items():
-                cpu_start = cpu_seconds()
-                seconds = write(tmp / name)
-                runs[name].append((seconds, cpu_seconds() - cpu_start))
-                if not (tmp / "reference").exists():
-                    os.rename(tmp / name, tmp / "reference")
-                    continue
-                assert same_shards(tmp / "reference", tmp / name), name
-                shutil.rmtree(tmp / name)
-        n_shards = len(list((tmp / "reference").glob("shard.*")))
-        best = {name: min(r[0] for r in runs[name]) for name in writers}
-        cpu = {name: min(r[1] for r in runs[name]) for name in writers}
-        rate = {name: mb / seconds for name, seconds in best.items()}
-        busy = max(c / s for s, c in runs["proc2"])  # cores the 2 processes kept busy, in their best moment
-        rows.append(f"writers (zstd, --size-limit {limit}: {n_shards} shards; best of {args.rounds}; same output "
-                    f"bytes): to_mds --num-proc 1 {rate['proc1']:.1f} MB/s, --num-proc 2 {rate['proc2']:.1f} MB/s "
-                    f"(2/1: {rate['proc2'] / rate['proc1']:.2f}x) | before (--workers threads) 1 thread "
-                    f"{rate['threads1']:.1f} MB/s, 2 threads {rate['threads2']:.1f} MB/s (2/1: "
-                    f"{rate['threads2'] / rate['threads1']:.2f}x) | one process now/before "
-                    f"{rate['proc1'] / rate['threads1']:.2f}x | one public MDSWriter fed numpy arrays "
-                    f"{rate['arrays']:.1f} MB/s")
-        rows.append("writers, CPU seconds per MB of .bin (little changed by other load on the machine): "
-                    + ", ".join(f"{name} {cpu[name] / mb * 1e3:.1f} ms" for name in writers)
-                    + f"; --num-proc 2 kept {busy:.2f} cores busy (free cores set its 2/1 ratio; load average "
-                    f"{os.getloadavg()[0]:.1f} at the end)")
+        rows.append(bench_conversion(data, tmp, tokens, T))
+        rows += bench_writers(data, tmp, tokens.nbytes / 1e6, T, args.rounds, args.writer_size_limit)
         rows.append(f"storage, Zipf tokens: zstd {folder_bytes(tmp / 'mds') / len(tokens):.3f} bytes/token, "
                     f"zstd:1 {folder_bytes(tmp / 'mds1') / len(tokens):.3f} bytes/token (uncompressed x+y: 4.0)")
-
         if SHAKESPEARE.is_file():
-            from pilegpt.tokenizer import gpt2
-
-            enc = gpt2()
-            text_tokens = np.array(enc.encode_ordinary(SHAKESPEARE.read_text()) + [enc.eot_token], np.uint16)
-            real = write_bin(tmp / "shakespeare", text_tokens)
-            convert(real, tmp / "mds_real", T)
-            convert(real, tmp / "mds_real1", T, ["--compression", "zstd:1"])
-            rows.append(f"storage, tiny Shakespeare ({len(text_tokens):,} GPT-2 tokens, T={T}): zstd "
-                        f"{folder_bytes(tmp / 'mds_real') / len(text_tokens):.3f} bytes/token, zstd:1 "
-                        f"{folder_bytes(tmp / 'mds_real1') / len(text_tokens):.3f} bytes/token")
-
-        n = (len(tokens) - 1) // T
-        seq = np.arange(n)
-        rand = np.random.default_rng(0).permutation(n)[:args.read_samples]
-        s_seq, got = read_streaming(tmp / "mds", tmp / "cache_seq", None, args.batch_size)
-        assert got == n
-        m_seq = read_memmap(data / "train.bin", T, seq)
-        s_rand, _ = read_streaming(tmp / "mds", tmp / "cache_rand", rand, 1)
-        m_rand = read_memmap(data / "train.bin", T, rand)
-        rows.append(f"read in order ({n:,} samples of x+y, T={T}): StreamingDataset iteration (batch_size "
-                    f"{args.batch_size}) {n / s_seq:,.0f} samples/s | "
-                    f"memmap windows {n / m_seq:,.0f} samples/s (ratio {m_seq / s_seq:.3f})")
-        rows.append(f"read in random order ({len(rand):,} samples): StreamingDataset ds[i] "
-                    f"{len(rand) / s_rand:,.0f} samples/s | memmap windows {len(rand) / m_rand:,.0f} samples/s "
-                    f"(ratio {m_rand / s_rand:.3f})")
+            rows.append(bench_real_text(tmp, T))
+        rows += bench_reads(data, tmp, len(tokens), T, args.read_samples, args.batch_size)
         shutil.rmtree(tmp / "cache_seq", ignore_errors=True)
     print(f"\nbench_to_mds ({os.cpu_count()} CPUs, python {sys.version.split()[0]}):")
     for row in rows:

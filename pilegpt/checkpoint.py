@@ -1,16 +1,7 @@
-"""Trained weights in files: the model.pt export and Composer checkpoints, read safely, found in a file or a run
-folder (local or s3://). Hugging Face GPT-2 weights are hf.py's; what autoresume needs of a save_folder, resume.py's.
-
-    save_export(gpt, "runs/x/model.pt")                 # weights-only export, written atomically
-    gpt = load_model("runs/x")                          # model.pt or latest-rank0.pt of a run folder
-    gpt = load_model("s3://bucket/runs/x/ep0-ba100-rank0.pt")
-    gpt = load_model_file("runs/x/ep0-ba100-rank0.pt")  # one local file: an export or a Composer checkpoint
-
-The export (`EXPORT_NAME`) is a dict {"format": EXPORT_FORMAT, "model_args": {GPTConfig fields}, "model":
-GPT state dict with GPT-2 names}. Every file is read with torch.load(weights_only=True); a Composer
-checkpoint also needs a short allow-list of the plain data types it holds (COMPOSER_SAFE_GLOBALS).
-Nothing in a file can run code while it is read.
-"""
+"""Trained weights in files: the model.pt export ({"format", "model_args", "model"}) and Composer checkpoints, found
+in a file or a run folder (local or s3://) and read with torch.load(weights_only=True), so nothing in a file can
+run code while it is read. Hugging Face weights are hf.py's; what autoresume needs, train/resume.py's.
+Details: docs/evaluation.md."""
 
 from __future__ import annotations
 

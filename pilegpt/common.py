@@ -1,12 +1,6 @@
-"""Small helpers shared by the pipeline scripts (prepare_data, to_mds, upload_s3, train, sample).
-
-Nothing here does work at import time. The pieces:
-- `UserError`, `run_main` and `one_line`: an error the user can fix becomes one line on stderr and exit code 2,
-  not a traceback.
-- `atomic_path`, `atomic_write_text`, `fsync`: write a file under a temporary name, then rename it into place.
-- `load_dotenv_file`, `mask_secrets`: settings from `.env`, and secrets kept out of every message.
-- `tune_glibc_malloc`: process set-up for CPU training.
-"""
+"""Small helpers the scripts share, none doing work at import time: UserError and run_main (an error the user can
+fix is one line on stderr and exit code 2, not a traceback), atomic writes (a temporary name, then a rename),
+.env settings and secrets kept out of every message, and CPU malloc tuning. Details: docs/robustness.md."""
 
 from __future__ import annotations
 
@@ -155,14 +149,12 @@ def setup_logging(level: int = logging.INFO) -> None:
 
 
 def tune_glibc_malloc() -> bool:
-    """Make glibc's malloc keep large freed blocks instead of returning them to the OS (CPU training).
-
-    By default glibc serves each allocation above its mmap threshold (at most 32 MB) with a fresh mmap and
-    unmaps it on free, so the (B*T, vocab) logits and their gradients are page-faulted (zero-filled) anew
-    at every step; on CPU that can cost more than the arithmetic. M_MMAP_MAX=0 serves them from the heap,
-    and a 1 GB M_TRIM_THRESHOLD keeps the heap from shrinking between steps: the effect of jemalloc with
-    retain:true (bench/bench_train.py measures both). Returns whether it applied.
-    """
+    """Make glibc's malloc keep large freed blocks instead of returning them to the OS (CPU training); returns
+    whether it applied. M_MMAP_MAX=0 serves the (B*T, vocab) logits and their gradients from the heap rather than
+    a fresh, zero-filled mmap at every step, and a 1 GB M_TRIM_THRESHOLD keeps the heap from shrinking between
+    steps: the effect of jemalloc with retain:true (bench/bench_train.py measures both)."""
+    # glibc serves each allocation above its mmap threshold (at most 32 MB) with a fresh mmap and unmaps it on
+    # free: on CPU the page faults can cost more than the arithmetic.
     if not sys.platform.startswith("linux") or "jemalloc" in os.environ.get("LD_PRELOAD", ""):
         return False
     try:

@@ -1,10 +1,7 @@
-"""Every use of a library's private parts, in one place: Composer 0.32.1 and mosaicml-streaming 0.13.0.
-
-Each entry says which version it was written against and why the public API does not serve.
-tests/test_compat.py fails when an upgrade moves or changes one of them: start there after bumping a pin.
-Composer and Streaming are imported inside the functions (both are slow to import, and --help, to_mds's flag
-checks and the .bin training path must not pay for what they do not use).
-"""
+"""Every use of a library's private parts, in one place: Composer 0.32.1 and mosaicml-streaming 0.13.0. Each entry
+says which version it was written against and why the public API does not serve; tests/test_compat.py fails when
+an upgrade moves one of them. Composer and Streaming are imported inside the functions (both are slow to import).
+Details: docs/extending.md."""
 
 from __future__ import annotations
 
@@ -67,14 +64,12 @@ def checkpoint_saver_local_root(saver: Any, prefix: str) -> str | None:
 @contextlib.contextmanager
 def node_signal_files_per_node() -> Iterator[None]:
     """Inside, the file by which Composer's processes of one node wait for that node's first process (an autoresume
-    download, a checkpoint load) has a name of that node's own.
-
-    Private: composer.utils.dist.get_node_signal_file_name broadcasts rank 0's name (`._signal_file_node0_...`) to
-    every rank, and the Trainer puts it in a folder whose path is rank 0's. Where the nodes see that folder as one
-    (a shared filesystem; two nodes on one host), each node's first process writes and then removes the same
-    file, and the second removal fails (FileNotFoundError): a multi-node autoresume crashes. Composer looks the
-    function up on the module at each call, so replacing it there suffices.
-    """
+    download, a checkpoint load) has a name of that node's own, so that a multi-node autoresume on a shared
+    filesystem (or two nodes on one host) does not crash with FileNotFoundError."""
+    # Private: composer.utils.dist.get_node_signal_file_name broadcasts rank 0's name (`._signal_file_node0_...`) to
+    # every rank, and the Trainer puts it in a folder whose path is rank 0's. Where the nodes see that folder as one,
+    # each node's first process writes and then removes the same file, and the second removal fails. Composer looks
+    # the function up on the module at each call, so replacing it there suffices.
     from composer.utils import dist
 
     original = dist.get_node_signal_file_name
@@ -118,13 +113,11 @@ def mds_writer_checks() -> tuple[Any, Any, Any, Any]:
 
 
 def mds_samples_per_shard(writer: Any, sample_bytes: int, size_limit: int) -> int:
-    """Samples of `sample_bytes` encoded bytes that one MDSWriter shard holds under `size_limit`.
-
-    MDSWriter starts a new shard when the next sample would take the current one past size_limit, counting its
-    bookkeeping bytes (`extra_bytes_per_shard`, `extra_bytes_per_sample`: attributes, not documented API). With
-    samples of one size every shard but the last holds this many; mds_write.py writes the shards in parallel and
-    must cut them exactly where one writer would. 0 when one sample does not fit.
-    """
+    """Samples of `sample_bytes` encoded bytes that one MDSWriter shard holds under `size_limit` (0 when one sample
+    does not fit). With samples of one size every shard but the last holds this many: pilegpt/mds/write.py writes
+    the shards in parallel and must cut them exactly where one writer would."""
+    # Private: MDSWriter starts a new shard when the next sample would take the current one past size_limit,
+    # counting its bookkeeping bytes (extra_bytes_per_shard, extra_bytes_per_sample: attributes, not documented API).
     return max(0, (size_limit - writer.extra_bytes_per_shard) // (sample_bytes + writer.extra_bytes_per_sample))
 
 

@@ -1,17 +1,7 @@
-"""The data contract between the stages: what prepare_data.py writes, to_mds.py converts and train.py reads.
-
-One definition of each thing two stages must agree on:
-- `Meta` (meta.json): the record beside train.bin / val.bin: tokenizer, vocab, EOT id, token dtype and the
-  token count of each split. `Meta.read` validates it; `write_token_files` writes a .bin dataset with it.
-- The window: sample i of a .bin is tokens[i*T : i*T+T+1], x = its first T tokens, y = its last T
-  (`num_windows`, `window_starts`, `read_windows`). Non-overlapping, so every token is predicted once per epoch.
-- The MDS layout: columns x and y (`mds_columns`), `INDEX_NAME` (Streaming's index, written last),
-  `TO_MDS_META` (how to_mds made the dataset), one dataset per split folder (`SPLITS`), and what an index
-  lists (`listed_shards`, `check_shards_present`, `validation_hash`); a shard name that would reach outside its
-  split folder (`is_plain_name`) makes the index unreadable, before anything reads or writes by that name.
-
-numpy only: the datasets and loaders train.py builds on this contract are loaders.py's.
-"""
+"""The data contract between the stages, one definition of each thing two of them must agree on: meta.json (`Meta`)
+beside train.bin / val.bin, the x/y window (sample i = tokens[i*T : i*T+T+1], x its first T, y its last T), and
+the MDS layout (columns x and y, index.json written last, to_mds.json, one dataset per split folder, the shard
+names an index may list). numpy only. Details: docs/prepare.md and docs/mds-and-s3.md."""
 
 from __future__ import annotations
 

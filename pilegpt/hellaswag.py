@@ -1,16 +1,6 @@
-"""HellaSwag: the examples (downloaded once, validated) and the completion-style scoring the field compares with.
-
-    examples = load_examples(None)                      # the official val set, downloaded once into the cache
-    examples = load_examples("hellaswag_val.jsonl")     # a local copy (one JSON object per line)
-    rows = render(examples[0], gpt2(), block_size=1024) # 4 (tokens, first ending position) rows
-    losses = ending_losses(model, [rows], device)       # (1, 4, 2): sum and mean loss of each ending's tokens
-
-The scoring rule is karpathy/build-nanogpt's and llm.c's, so that OpenAI GPT-2 124M's published 28.59 (acc) and
-29.55 (acc_norm) are the numbers to compare with: for each of the 4 endings, tokens = encode(ctx) +
-encode(" " + ending); the loss is the cross-entropy of the ending's tokens only, each predicted from everything
-before it; `acc` picks the ending with the lowest summed loss, `acc_norm` the lowest mean loss. An example longer
-than the model's block_size keeps its last block_size tokens.
-"""
+"""HellaSwag: the examples (the official val set, downloaded once and validated, or a local .jsonl) and the
+completion-style scoring of karpathy/build-nanogpt and llm.c, so that OpenAI GPT-2 124M's 28.59 (acc) and
+29.55 (acc_norm) are the numbers to compare with. Details: docs/evaluation.md."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""Hugging Face GPT-2 weights in and out: transformers' GPT2LMHeadModel has model.py's parameter names.
-
-    gpt, origin = load_pretrained("gpt2")      # train.py's init_from: a hub name, a HF folder, or a pile-gpt checkpoint
-    gpt = load_hf("path/to/save_pretrained")   # a local Hugging Face GPT-2 folder (or a hub name)
-    hf_model = to_hf(gpt)                      # a GPT2LMHeadModel computing what gpt computes (export_hf.py saves it)
-
-Hugging Face weights are read by `transformers` (safetensors, or its weights-only torch.load of
-pytorch_model.bin); `transformers` is imported only inside these functions.
-"""
+"""Hugging Face GPT-2 weights in and out (transformers' GPT2LMHeadModel has model.py's parameter names): train.py's
+init_from from a hub name or a folder, and export_hf.py's GPT2LMHeadModel computing what a GPT computes.
+`transformers` is imported only inside the functions. Details: docs/huggingface.md."""
 
 from __future__ import annotations
 

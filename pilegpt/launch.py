@@ -1,19 +1,6 @@
-"""Composer's launcher (`composer -n N ...`, same arguments) that passes SIGTERM on to its training processes, and
-whose training processes die with it.
-
-    python -m pilegpt.launch -n 8 train.py config/pile.py --autoresume=True
-
-Composer 0.32.1's launcher has no SIGTERM handler: a SIGTERM sent to it (Kubernetes signals a container's first
-process; Slurm's --signal=B:TERM the batch shell, which passes it on) ends the launcher at once and never reaches
-train.py, so no preemption checkpoint is written (preemption.py). Here the launcher forwards each SIGTERM to its
-children and keeps waiting for them, and exits with their status (preemption.PREEMPTED after a checkpoint; 128 + N
-for a rank ended by signal N, e.g. 143 again for a second SIGTERM).
-
-A SIGKILL to the launcher (a grace period run out, `kill -9`) cannot be handled, and its training processes would
-live on as orphans: still training, holding the save_folder's lock, so that the resumed run is refused. Kubernetes
-(the container) and Slurm (the step's cgroup) kill them too; elsewhere nothing would. So each training process asks
-Linux for a SIGKILL when the launcher dies (die_with_launcher, first thing in train.py).
-"""
+"""Composer's launcher (`python -m pilegpt.launch -n 8 train.py config/pile.py`, composer's arguments) that passes
+SIGTERM on to its training processes, so a preempted run writes its checkpoint, and whose training processes die
+with it, so no orphan keeps training. Details: docs/clusters.md."""
 
 from __future__ import annotations
 
@@ -25,6 +12,9 @@ LAUNCHER_PID = "PILEGPT_LAUNCHER_PID"  # set for the training processes: the lau
 
 
 def forward_sigterm(signum, frame) -> None:
+    """Pass a SIGTERM on to the training processes. Composer 0.32.1's launcher has none: a SIGTERM to it (Kubernetes
+    signals a container's first process; Slurm's --signal=B:TERM the batch shell) would end it at once and never
+    reach train.py, so no preemption checkpoint would be written (train/preemption.py)."""
     import psutil  # a dependency of Composer's launcher
 
     for child in psutil.Process().children():
@@ -36,7 +26,8 @@ def forward_sigterm(signum, frame) -> None:
 
 def die_with_launcher() -> None:
     """In a process this launcher started (LAUNCHER_PID set): SIGKILL when its parent, the launcher, dies (Linux's
-    PR_SET_PDEATHSIG; elsewhere nothing changes). A launcher already gone ends the process at once."""
+    PR_SET_PDEATHSIG; elsewhere nothing changes), so that a SIGKILLed launcher leaves no orphan training on and
+    holding the save_folder's lock. A launcher already gone ends the process at once."""
     launcher = os.environ.get(LAUNCHER_PID)
     if launcher is None or not sys.platform.startswith("linux"):
         return

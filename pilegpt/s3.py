@@ -1,27 +1,7 @@
-"""S3 (or an S3-compatible store: MinIO, R2, Ceph, rclone): URLs, the one client, its errors, a prefix as a folder.
-
-    from pilegpt import s3
-    bucket, prefix = s3.parse_s3_url("s3://my-bucket/pile/mds")      # ("my-bucket", "pile/mds")
-    train = s3.S3Dir("s3://my-bucket/pile/mds/train")                 # a client from make_client()
-    if train.exists("index.json"):
-        index = json.loads(train.read("index.json"))
-
-One of each thing, so that a fault is handled once, everywhere:
-- `parse_s3_url`: s3://bucket/prefix -> (bucket, prefix); a malformed URL is a one-line UserError.
-- `endpoint_url`: --endpoint-url, else AWS_ENDPOINT_URL, else S3_ENDPOINT_URL (Streaming reads S3_ENDPOINT_URL,
-  so one setting serves upload, conversion and training).
-- `make_client`: a boto3 S3 client from a fresh session (credentials read now: the environment, `.env` once a
-  script loaded it, AWS_PROFILE, ~/.aws, instance roles) with one retry and timeout policy: each request is
-  tried AWS_MAX_ATTEMPTS times (default 5) with exponential backoff, connect timeout 5 s, read timeout 60 s.
-- `s3_errors`: botocore exceptions become one-line UserErrors naming the cause and the fix (wrong key, wrong
-  secret, missing bucket, access denied, other region, unreachable endpoint...); the secret is never shown.
-- `S3Dir`: the objects under s3://bucket/prefix as a folder of files: exists (False only on 404), read, write,
-  create (only if absent), names, sizes, delete, copy_from, upload, download. Every method raises UserError, never
-  a botocore traceback. storage.py puts a local folder behind the same methods: the stages use that seam, not this
-  module.
-
-boto3 is imported inside the functions that need it (it takes a while to import).
-"""
+"""S3 (or an S3-compatible store: MinIO, R2, Ceph, rclone), one of each thing so that a fault is handled once:
+the URL parser, the endpoint setting, the client (one retry and timeout policy), botocore errors as one-line
+UserErrors naming the cause and the fix, and `S3Dir`, a prefix as a folder of files. boto3 is imported inside
+the functions that need it. Details: docs/mds-and-s3.md."""
 
 from __future__ import annotations
 

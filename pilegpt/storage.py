@@ -1,21 +1,6 @@
-"""The one seam between local folders and S3: a location is a local path or a URL, and a folder at either place
-answers the same questions. No other module tests for "://".
-
-    from pilegpt import storage
-    storage.is_remote("s3://bucket/runs/x")          # True; "runs/x" -> False
-    folder = storage.folder("s3://bucket/mds/train")   # an s3.S3Dir; storage.folder("mds/train") a LocalDir
-    index = folder.get("index.json")                   # bytes, or None when there is no such file
-    folder.write("latest.txt", b"ep0-ba10")            # whole or not at all (atomic rename, S3 PUT)
-    storage.join("s3://bucket/mds", "train")            # "s3://bucket/mds/train"; local: os.path.join
-
-A folder (LocalDir or s3.S3Dir) has: url, exists(name), get(name), read(name), write(name, data), create(name, data)
-(only if absent: atomic locally, written and read back on S3), names() (every
-file below, relative, sorted), sizes(), delete(names), upload(local_path, name), download(name, local_path),
-child(sub). Names are relative to the folder and may contain "/" (sub-folders).
-
-Schemes: a local path (or file://), s3:// (any S3-compatible store through AWS_ENDPOINT_URL), and other fsspec
-URLs (gs://, hf://, ...), which some readers take as they are (Streaming, fsspec) but this seam does not open.
-"""
+"""The one seam between local folders and S3: a location is a local path (or file://) or an s3:// URL, and
+`folder(location)` gives a LocalDir or an s3.S3Dir that answer the same questions (exists, get, read, write,
+create, names, sizes, delete, upload, download, child). No other module tests for "://". Details: docs/layout.md."""
 
 from __future__ import annotations
 
@@ -76,7 +61,9 @@ def join(location: str, *parts: str) -> str:
 
 
 class LocalDir:
-    """A local folder with the methods of s3.S3Dir (see the module docstring)."""
+    """A local folder with the methods of s3.S3Dir. Names are relative to the folder and may contain "/"; write is
+    whole or not at all (an atomic rename), create writes only if the name is absent, names() lists every file
+    below, sorted."""
 
     def __init__(self, path: Union[str, os.PathLike]):
         self.path = Path(local_path(str(path)))

@@ -1,16 +1,6 @@
-"""The GPT-2 tokenizer, loaded from the vocabulary file that ships with this repo: no download, ever.
-
-    from pilegpt.tokenizer import gpt2
-    enc = gpt2()                       # a tiktoken.Encoding, the same ids as tiktoken.get_encoding("gpt2")
-    ids = enc.encode_ordinary("Hello world")   # [15496, 995]
-    text = enc.decode(ids)
-
-`assets/r50k_base.tiktoken` is tiktoken's r50k_base file (836 KB, MIT; GPT-2's 50,256 BPE merges as
-base64 token + rank), checked by its sha256 on load. tiktoken's "gpt2" and "r50k_base" encodings share
-its ranks, split pattern and <|endoftext|> = 50256, so the ids are GPT-2's. prepare_data, train.py's text
-samples and sample.py all get the tokenizer here, so tokenizing works on air-gapped clusters and in CI.
-Other tiktoken encodings (`get_encoding("cl100k_base")`) go through tiktoken's own loader and cache.
-"""
+"""The GPT-2 tokenizer, loaded from the vocabulary file that ships with this repo (assets/r50k_base.tiktoken, checked
+by its sha256): no download, ever, so tokenizing works on air-gapped clusters and in CI. `gpt2()` is a
+tiktoken.Encoding with the same ids as tiktoken.get_encoding("gpt2"). Details: docs/prepare.md."""
 
 from __future__ import annotations
 

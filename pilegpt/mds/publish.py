@@ -1,18 +1,6 @@
-"""Putting a complete MDS dataset in place, locally or on S3, so that no reader ever sees a partial one.
-
-    clean_stale_local(out)                          # folders an interrupted run left beside OUT
-    line = publish_remote(staging, S3Dir("s3://bucket/pile"), subs=["train", "val"], replace=False)
-    publish_local(staging, out, overwrite=False)    # rename OUT.tmp-<pid> -> OUT
-
-Local: the dataset is written under OUT.tmp-<pid>, flushed to disk and renamed into place when complete
-(`publish_local`); an old dataset is moved aside to OUT.old-<pid> first and deleted after. `clean_stale_local`
-removes what a dead run left and puts back an OUT.old-<pid> it had moved aside.
-
-S3: `publish_remote` uploads the complete folder with s3_upload.upload_folder (every index.json after every
-shard) and removes a failed upload again (all splits or none). Replacing a dataset uploads the new one under
-<remote>.tmp-<pid> first and swaps it in with server-side copies (`promote_remote`): the old index.json goes
-first and the new one last, so no index is ever paired with shards of another dataset.
-"""
+"""Putting a complete MDS dataset in place, locally or on S3, so that no reader ever sees a partial one: a local
+dataset is written under OUT.tmp-<pid> and renamed into place, an S3 one uploaded with every index.json last;
+an old dataset is replaced only once the new one is complete. Details: docs/mds-and-s3.md."""
 
 from __future__ import annotations
 
@@ -22,9 +10,9 @@ import posixpath
 import shutil
 from pathlib import Path
 
-from pilegpt.mds import s3_upload
 from pilegpt.common import UserError, fsync
 from pilegpt.data import INDEX_NAME, SPLITS, TO_MDS_META
+from pilegpt.mds import s3_upload
 from pilegpt.s3 import S3Dir
 
 log = logging.getLogger("to_mds")  # the command these messages come from

@@ -1,20 +1,6 @@
-"""The upload of MDS datasets to S3 (upload_s3.py's, also used by to_mds.py --remote), index.json last.
-
-    result = s3_upload.upload_folder("mds/", "s3://my-bucket/pile/mds")   # shards, then index.json, verified
-    print(s3_upload.summary(result, "s3://my-bucket/pile/mds"))
-
-1. finds the MDS datasets in the folder (index.json whose listed shards exist; --any-folder skips the check)
-   and, inside a dataset folder, takes only what a reader needs: index.json, the shard files it lists in the
-   form Streaming reads (data.listed_shards) and to_mds.json; anything else there (e.g. the decompressed
-   shard.NNNNN.mds copies a StreamingDataset leaves beside shard.NNNNN.mds.zstd) stays home, and is counted
-   in the summary. Hidden files (names starting with '.') are never uploaded;
-2. lists the prefix once and skips a file whose object has the same size and MD5 (the ETag, or the
-   x-amz-meta-md5chksum s3.py stores on every object, the key rclone uses too), so a re-run resumes;
-3. uploads the rest in parallel (multipart above part_size), then every index.json, once every file it lists
-   is in place: a reader never sees an index naming a missing shard. Replacing a shard of a dataset already
-   in the store deletes that dataset's old index.json first: the dataset is briefly absent, never inconsistent;
-4. lists the prefix again and checks every object's size, and its MD5 where the store gives one.
-"""
+"""The upload of MDS datasets to S3 (upload_s3.py's, also used by to_mds.py --remote): only the files a reader
+needs, what the store lacks (same size and MD5 is skipped, so a re-run resumes), in parallel, every index.json
+after every file it lists, then every object checked again. Details: docs/mds-and-s3.md."""
 
 from __future__ import annotations
 
@@ -195,40 +181,53 @@ class _Bar:
         self._bar.close()
 
 
+@dataclass
+class _Push:
+    """What one push() knows and changes as it goes: the store's listing (less the indexes it deletes), the
+    index.json files of the upload (deepest first) and the tally. examine() runs on worker threads."""
+    target: S3Dir
+    remote: dict[str, RemoteObject]
+    indexes: list[LocalFile]
+    dry_run: bool
+    result: Result = field(default_factory=Result)
+    index_deleted: set[str] = field(default_factory=set)
+
+    def examine(self, f: LocalFile) -> tuple[LocalFile, bool]:
+        """Hash `f`; is the object in the store already exactly this file?"""
+        f.md5 = file_md5(f.path)
+        return f, f.rel not in self.index_deleted and same_content(self.target, f, self.remote.get(f.rel))
+
+    def retire_old_indexes(self, f: LocalFile, bar: _Bar) -> None:
+        """`f` replaces an object: delete every index.json above it that is in the store, before the upload (the
+        dataset is briefly absent, never an index naming shards of another dataset)."""
+        for index in self.indexes:
+            folder = posixpath.dirname(index.rel)
+            if (folder == "" or f.rel.startswith(folder + "/")) and index.rel in self.remote \
+                    and index.rel not in self.index_deleted:
+                self.index_deleted.add(index.rel)
+                self.result.replaced_indexes += 1
+                if self.dry_run:
+                    bar.note(f"would delete {self.target.url}/{index.rel} first: {f.rel} replaces a different "
+                             "object")
+                    continue
+                bar.note(f"deleting {self.target.url}/{index.rel} first: {f.rel} replaces a different object, and "
+                         f"the new {INDEX_NAME} goes up last")
+                self.target.delete([index.rel])
+                del self.remote[index.rel]
+
+
 def push(target: S3Dir, files: list[LocalFile], workers: int, part_size: int, dry_run: bool = False) -> Result:
     """Upload what the store lacks: data files first, then every index.json (deepest first)."""
-    from boto3.s3.transfer import ProgressCallbackInvoker, TransferConfig, create_transfer_manager
+    from boto3.s3.transfer import TransferConfig, create_transfer_manager
 
     start = time.perf_counter()
-    result = Result()
     remote = target.objects()
-    local_names = {f.rel for f in files}
-    result.extra_objects = sum(1 for name in remote if name not in local_names)
     indexes = sorted((f for f in files if posixpath.basename(f.rel) == INDEX_NAME),
                      key=lambda f: (-f.rel.count("/"), f.rel))
     data = [f for f in files if posixpath.basename(f.rel) != INDEX_NAME]
-    index_deleted: set[str] = set()
-
-    def examine(f: LocalFile) -> tuple[LocalFile, bool]:  # runs on a worker thread: hash, then compare
-        f.md5 = file_md5(f.path)
-        return f, f.rel not in index_deleted and same_content(target, f, remote.get(f.rel))
-
-    def retire_old_indexes(f: LocalFile) -> None:
-        """`f` replaces an object: delete every index.json above it that is in the store, before the upload."""
-        for index in indexes:
-            folder = posixpath.dirname(index.rel)
-            if (folder == "" or f.rel.startswith(folder + "/")) and index.rel in remote \
-                    and index.rel not in index_deleted:
-                index_deleted.add(index.rel)
-                result.replaced_indexes += 1
-                if dry_run:
-                    bar.note(f"would delete {target.url}/{index.rel} first: {f.rel} replaces a different object")
-                    continue
-                bar.note(f"deleting {target.url}/{index.rel} first: {f.rel} replaces a different object, and the "
-                         f"new {INDEX_NAME} goes up last")
-                target.delete([index.rel])
-                del remote[index.rel]
-
+    state = _Push(target, remote, indexes, dry_run)
+    local_names = {f.rel for f in files}
+    state.result.extra_objects = sum(1 for name in remote if name not in local_names)
     transfer_config = TransferConfig(multipart_threshold=part_size, multipart_chunksize=part_size,
                                      max_concurrency=workers, use_threads=True)
     bar = _Bar(sum(f.size for f in files), "checking" if dry_run else "uploading")
@@ -236,38 +235,53 @@ def push(target: S3Dir, files: list[LocalFile], workers: int, part_size: int, dr
     try:
         with create_transfer_manager(target.client, transfer_config) as manager:
             for group in (data, indexes):  # every index.json only after every data file is in place
-                uploads = []
-                checks = [hashers.submit(examine, f) for f in group]
-                for done in as_completed(checks):
-                    f, unchanged = done.result()
-                    if unchanged:
-                        result.skipped += 1
-                        result.skipped_bytes += f.size
-                        bar.advance(f.size)
-                        continue
-                    if f.rel in remote and group is data:  # an index.json replaces its old self at once
-                        retire_old_indexes(f)
-                    result.uploaded += 1
-                    result.uploaded_bytes += f.size
-                    if dry_run:
-                        bar.advance(f.size)
-                        continue
-                    uploads.append((f, manager.upload(str(f.path), target.bucket, target.key(f.rel),
-                                                      extra_args={"Metadata": {MD5_META_KEY: b64(f.md5)}},
-                                                      subscribers=[ProgressCallbackInvoker(bar.advance)])))
-                for f, upload in uploads:  # a failure raises here; leaving the manager cancels the rest
-                    try:
-                        upload.result()
-                    except Exception as e:
-                        if is_botocore_error(e):
-                            raise  # s3_errors names the cause and the fix
-                        dataset = target.child(posixpath.dirname(f.rel))
-                        raise UserError(f"uploading to {dataset.url} failed ({type(e).__name__}: {e})") from None
+                uploads = _start_uploads(state, group, group is data, hashers, manager, bar)
+                _wait_for(uploads, target)
     finally:
         hashers.shutdown(wait=True, cancel_futures=True)
         bar.close()
-    result.seconds = time.perf_counter() - start
-    return result
+    state.result.seconds = time.perf_counter() - start
+    return state.result
+
+
+def _start_uploads(state: _Push, group: list[LocalFile], are_data: bool, hashers: ThreadPoolExecutor, manager,
+                   bar: _Bar) -> list:
+    """Hash and compare the files of `group` on the hashers; start an upload of each that the store lacks (none in
+    a dry run). Returns the (file, transfer future) pairs started."""
+    from boto3.s3.transfer import ProgressCallbackInvoker
+
+    result, target = state.result, state.target
+    uploads = []
+    for done in as_completed([hashers.submit(state.examine, f) for f in group]):
+        f, unchanged = done.result()
+        if unchanged:
+            result.skipped += 1
+            result.skipped_bytes += f.size
+            bar.advance(f.size)
+            continue
+        if f.rel in state.remote and are_data:  # an index.json replaces its old self at once
+            state.retire_old_indexes(f, bar)
+        result.uploaded += 1
+        result.uploaded_bytes += f.size
+        if state.dry_run:
+            bar.advance(f.size)
+            continue
+        uploads.append((f, manager.upload(str(f.path), target.bucket, target.key(f.rel),
+                                          extra_args={"Metadata": {MD5_META_KEY: b64(f.md5)}},
+                                          subscribers=[ProgressCallbackInvoker(bar.advance)])))
+    return uploads
+
+
+def _wait_for(uploads: list, target: S3Dir) -> None:
+    """Wait for every upload; a failure raises here (leaving the transfer manager then cancels the rest)."""
+    for f, upload in uploads:
+        try:
+            upload.result()
+        except Exception as e:
+            if is_botocore_error(e):
+                raise  # s3_errors names the cause and the fix
+            dataset = target.child(posixpath.dirname(f.rel))
+            raise UserError(f"uploading to {dataset.url} failed ({type(e).__name__}: {e})") from None
 
 
 def verify(target: S3Dir, files: list[LocalFile], result: Result) -> None:

@@ -1,15 +1,6 @@
-"""Checking an MDS dataset that to_mds.py wrote against its .bin: every sample, every token, read by Streaming.
-
-    spec = load_spec("s3://bucket/pile/train", client, block_size=None, job=job, dtype=np.dtype("uint16"))
-    n = verify_split("s3://bucket/pile/train", job, spec, np.dtype("uint16"), client)   # samples checked
-
-A dataset is a local folder or an s3:// prefix (storage.folder opens either). `load_spec` reads its to_mds.json
-(or, for an MDS folder another tool wrote, assumes to_mds's default windows) and checks it against the flags and
-the .bin; `verify_split` checks that every shard its index.json lists is there with its size
-(data.check_shards_present), then reads every sample with StreamingDataset, validating each shard's checksum
-(data.validation_hash), and compares it with the windows of the .bin. Every failure is one UserError naming the
-file and the fix.
-"""
+"""to_mds.py --verify: check an MDS dataset (a folder or an s3:// prefix) against its .bin, every shard's size and
+checksum and every token of every sample, read back with StreamingDataset. Every failure is one UserError
+naming the file and the fix. Details: docs/mds-and-s3.md."""
 
 from __future__ import annotations
 
@@ -83,41 +74,59 @@ def verify_split(source: str, job: SplitJob, spec: dict, dtype: np.dtype, client
     Shards are copied into a fresh temporary cache, so the dataset folder itself is never modified (with
     remote=None, Streaming would decompress shards inside it) and the cache's shared memory names are unique.
     """
-    from streaming import StreamingDataset
-    from tqdm import tqdm
-
-    T = spec["block_size"]
     tokens = np.memmap(job.bin_path, dtype=dtype, mode="r")
     starts = spec_starts(spec, job.n_tokens)
     check = check_shard_files(source, client)
     compat.clean_stale_shared_memory()
     with tempfile.TemporaryDirectory(prefix="to_mds_verify_") as cache:
+        ds = open_dataset(source, cache, check)
         try:
-            ds = StreamingDataset(remote=source, local=cache, shuffle=False, batch_size=1, validate_hash=check)
-        except (KeyError, ValueError, TypeError) as e:  # an index.json with shard entries Streaming cannot use
-            raise UserError(f"{storage.join(source, INDEX_NAME)} is not an MDS index Streaming can read "
-                            f"({type(e).__name__}: {e}); {REBUILD}") from None
-        try:
-            if ds.num_samples != len(starts):
-                raise UserError(f"verify failed: {source} holds {ds.num_samples} samples, expected {len(starts)} "
-                                f"from {job.bin_path}; re-run with --overwrite")
-            i = 0
-            with tqdm(total=len(starts), unit="sample", unit_scale=True, desc=f"verify {job.name}",
-                      disable=None) as bar:
-                for part in chunks(starts, T):
-                    x, y = read_windows(tokens, part, T)
-                    for k in range(len(part)):
-                        try:
-                            sample = ds[i]
-                        except ValueError as e:  # Streaming: checksum failure
-                            raise UserError(f"verify failed: {source}: {e}; re-run with --overwrite") from None
-                        for col, want in (("x", x[k]), ("y", y[k])):
-                            got = np.asarray(sample[col])
-                            if got.shape != want.shape or not np.array_equal(got, want):
-                                raise UserError(f"verify failed: {source} sample {i} column {col} differs from "
-                                                f"{job.bin_path}; re-run with --overwrite")
-                        i += 1
-                    bar.update(len(part))
+            problem = first_difference(ds, source, tokens, starts, spec["block_size"], job)
         finally:
-            del ds
+            del ds  # the dataset lets go of the cache before the cache is removed
+    if problem is not None:
+        raise UserError(f"verify failed: {problem}; re-run with --overwrite")
     return len(starts)
+
+
+def open_dataset(source: str, cache: str, validate_hash: Optional[str]):
+    """A StreamingDataset over `source` in order, copying shards into `cache`."""
+    from streaming import StreamingDataset
+
+    try:
+        return StreamingDataset(remote=source, local=cache, shuffle=False, batch_size=1, validate_hash=validate_hash)
+    except (KeyError, ValueError, TypeError) as e:  # an index.json with shard entries Streaming cannot use
+        raise UserError(f"{storage.join(source, INDEX_NAME)} is not an MDS index Streaming can read "
+                        f"({type(e).__name__}: {e}); {REBUILD}") from None
+
+
+def first_difference(ds, source: str, tokens: np.ndarray, starts: np.ndarray, T: int, job: SplitJob) -> Optional[str]:
+    """Compare every sample of `ds` (the dataset at `source`) with its window of `tokens`, in order: the first
+    difference, or None when every token matches."""
+    from tqdm import tqdm
+
+    if ds.num_samples != len(starts):
+        return f"{source} holds {ds.num_samples} samples, expected {len(starts)} from {job.bin_path}"
+    i = 0
+    with tqdm(total=len(starts), unit="sample", unit_scale=True, desc=f"verify {job.name}", disable=None) as bar:
+        for part in chunks(starts, T):
+            x, y = read_windows(tokens, part, T)
+            for k in range(len(part)):
+                try:
+                    sample = ds[i]
+                except ValueError as e:  # Streaming: checksum failure
+                    return f"{source}: {e}"
+                column = differing_column(sample, x[k], y[k])
+                if column is not None:
+                    return f"{source} sample {i} column {column} differs from {job.bin_path}"
+                i += 1
+            bar.update(len(part))
+    return None
+
+
+def differing_column(sample: dict, x: np.ndarray, y: np.ndarray) -> Optional[str]:
+    for column, want in (("x", x), ("y", y)):
+        got = np.asarray(sample[column])
+        if got.shape != want.shape or not np.array_equal(got, want):
+            return column
+    return None

@@ -1,24 +1,7 @@
-"""Writing one MDS dataset of x/y windows from a .bin, in parallel, byte for byte as one MDSWriter would.
-
-    job = SplitJob("train", Path("data/shakespeare/train.bin"), n_tokens, sub="train", sampling="sequential")
-    spec = make_spec(job, block_size=256, num_samples=None, seed=1337, dtype=np.dtype("uint16"), vocab=50257,
-                     info={})
-    settings = WriterSettings(compression="zstd", hashes=["sha1", "xxh64"], size_limit=64 << 20,
-                              size_limit_flag="64mb")
-    written = write_split(job, spec, Path("mds.tmp-123/train"), settings, num_proc=8)
-
-What it owns:
-- `SplitJob`: one .bin to convert into one dataset; `make_spec` / `spec_starts`: the dataset's to_mds.json record
-  (everything --verify needs to recompute every sample) and the window starts it describes.
-- `write_split`: cuts the samples into the shards one MDSWriter would write (compat.mds_samples_per_shard: with
-  samples of one size, every shard but the last holds the same number), writes shard j with a Streaming MDSWriter
-  of its own (`write_shard`) on one of `num_proc` processes, then names and indexes the shards in order. The files
-  are the same, byte for byte, for any number of processes (1 writes in this process).
-- The pool's processes (`start_worker`) ignore Ctrl-C (the parent stops the pool) and, on Linux, die with the
-  parent, so a killed run leaves no process writing into its folder.
-
-Streaming is imported inside the functions (it is slow to import; --help and the flag checks do not need it).
-"""
+"""Writing one MDS dataset of x/y windows from a .bin (to_mds.py's), shard j by an MDSWriter of its own on one of
+--num-proc processes, named and indexed so that the files are byte for byte those one MDSWriter would write.
+Streaming is imported inside the functions: it is slow to import, and --help and the flag checks do not need it.
+Details: docs/mds-and-s3.md."""
 
 from __future__ import annotations
 
@@ -152,12 +135,9 @@ def window_writer_class():
 
 def write_shard(task: ShardTask) -> dict:
     """Write one shard with a Streaming MDSWriter of its own; return its one-shard index (naming it shard.j.*).
-
-    The writer is the public MDSWriter, given each sample as the bytes its encode_sample would make of x and y (two
-    fixed-size ndarray columns encode as x.tobytes() + y.tobytes()): numpy lays out CHUNK_TOKENS of samples at
-    once, and Python makes one call per sample rather than one per column and field. The first sample of every
-    shard is checked against MDSWriter's own encoding, so a Streaming that encodes otherwise fails loudly.
-    """
+    Each sample goes in as the bytes MDSWriter's encode_sample would make of x and y (x.tobytes() + y.tobytes()),
+    laid out by numpy CHUNK_TOKENS at a time; the first sample of every shard is checked against MDSWriter's own
+    encoding, so a Streaming that encodes otherwise fails loudly."""
     from streaming import MDSWriter
 
     T = task.block_size
@@ -210,13 +190,10 @@ def start_worker(parent: int) -> None:
 
 
 def write_split(job: SplitJob, spec: dict, local: Path, settings: WriterSettings, num_proc: int) -> Written:
-    """Write one MDS dataset (x/y samples of job.bin_path, as `spec` says) into the new folder `local`.
-
-    The samples are cut into the shards one MDSWriter would write, and shard j is written by a Streaming MDSWriter
-    of its own (write_shard) on one of `num_proc` processes, then named and indexed as one MDSWriter would have
-    done: the same files, byte for byte, whatever `num_proc` is. Processes run all of the work in parallel, the
-    part that holds Python's lock included.
-    """
+    """Write one MDS dataset (x/y samples of job.bin_path, as `spec` says) into the new folder `local`: the samples
+    cut into the shards one MDSWriter would write (compat.mds_samples_per_shard), shard j written by write_shard on
+    one of `num_proc` processes (1: this process), then named and indexed in order, so the files are the same,
+    byte for byte, whatever `num_proc` is."""
     from streaming import MDSWriter
     from tqdm import tqdm
 

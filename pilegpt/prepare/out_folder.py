@@ -1,23 +1,8 @@
-"""prepare_data's output folder while a run fills it: the .partial files, the state that lets a run resume, and
-publishing the finished dataset.
-
-Until a run finishes, --out-dir holds only train.bin.partial / val.bin.partial and STATE_NAME (the progress:
-files done, the position inside the current file, the counts, and a fingerprint of everything that decides
-the output bytes). check_out_dir decides whether a folder is fresh, resumed or refused; Writer appends tokens
-and commits progress (outputs fsynced first, so the state never claims more than the files hold); publish
-renames the .partial files into train.bin / val.bin and writes meta.json last, the mark of a finished set.
-Every step can be repeated, so a run killed anywhere completes when the same command runs again.
-
-    from pilegpt.prepare import out_folder
-    fingerprint = out_folder.state_fingerprint(files, settings, max_tokens)
-    state = out_folder.check_out_dir(out_dir, fingerprint, files, overwrite)   # None: a fresh run
-    out_folder.make_out_dir(out_dir, fresh=state is None)
-    progress = out_folder.resume_progress(state, files) if state else out_folder.fresh_progress()
-    writer = out_folder.Writer(out_dir, fingerprint, [f.size for f in files], progress, np.dtype(np.uint16))
-    writer.write(result, max_tokens)   # per task, then writer.mark(task.resume_at) at a document boundary
-    writer.file_done()                  # per file
-    out_folder.publish(out_dir, writer.finish(meta))
-"""
+"""prepare_data's output folder while a run fills it: until the run finishes it holds only train.bin.partial /
+val.bin.partial and the state that lets the run resume (files done, the position in the current file, the counts,
+a fingerprint of everything that decides the output bytes); publishing renames them to train.bin / val.bin and
+writes meta.json last. Every step can be repeated, so a run killed anywhere completes when run again.
+Details: docs/prepare.md."""
 
 from __future__ import annotations
 
@@ -202,13 +187,10 @@ def make_out_dir(out_dir: Path, fresh: bool) -> None:
 
 
 class Writer:
-    """Appends tokens to train.bin.partial / val.bin.partial and records progress that a re-run resumes.
-
-    Three copies of the progress: `pending` (all tokens written so far), `done` (at the last document
-    boundary that a resumed run can read on from: the end of a task of whole records, or of a file) and
-    `committed` (on disk). A commit makes the files durable first and only then records `done`, so the state
-    never claims more than the files hold; a resumed run truncates the files to the committed counts.
-    """
+    """Appends tokens to train.bin.partial / val.bin.partial and records progress that a re-run resumes. Three
+    copies of the progress: `pending` (every token written), `done` (at the last document boundary a resumed run
+    can read on from) and `committed` (on disk). A commit makes the files durable first and only then records
+    `done`, so the state never claims more than the files hold; a resumed run truncates the files to it."""
 
     def __init__(self, out_dir: Path, fingerprint: dict, sizes: list, progress: dict, dtype: np.dtype):
         self.out_dir, self.fingerprint, self.sizes, self.dtype = out_dir, fingerprint, sizes, dtype

@@ -1,22 +1,8 @@
-"""prepare_data's inputs: finding the files (or `datasets` splits) to tokenize, and reading them as Tasks.
-
-Finding: local paths, globs and folders (--input), the .jsonl*/.txt files of a Hub dataset, fsspec URL or local
-folder (--dataset), or, for any other layout (Parquet), the splits `datasets` streams. Each becomes a
-SourceFile with its split (by name: val.jsonl.zst -> val), and plan_files orders them (validation first) and
-deals them out to --num-shards jobs.
-
-Reading (in the main process): read_tasks cuts one SourceFile into Tasks of about CHUNK_BYTES of raw text for
-the tokenizer processes: JSON lines in whole lines, `datasets` rows in whole rows, a text file (one document)
-at BPE-safe cuts. Each Task of whole records carries the position a resumed run reads on from.
-
-    from pilegpt.prepare import sources
-    files = sources.list_local_inputs(["data/pile/*.jsonl.zst"], sources.TEXT_SUFFIXES)
-    files, n_test = sources.plan_files(files, shard_index=0, num_shards=1)
-    for task in sources.read_tasks(files[0], (0, 1), "text", with_subsets=False):
-        ...  # task.payload: whole JSON lines (bytes); task.resume_at: (byte offset, line) after it
-
-fsspec, zstandard and datasets are imported only where they are needed.
-"""
+"""prepare_data's inputs: finding the files (local paths and globs, a Hub dataset's or fsspec URL's .jsonl*/.txt
+files, or the splits `datasets` streams), each with its split by name and dealt out to --num-shards jobs, and
+reading them as Tasks of about CHUNK_BYTES of whole records (a text file at BPE-safe cuts), each carrying the
+position a resumed run reads on from. fsspec, zstandard and datasets are imported only where needed.
+Details: docs/prepare.md."""
 
 from __future__ import annotations
 

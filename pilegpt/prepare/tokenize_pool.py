@@ -1,18 +1,7 @@
-"""prepare_data's tokenizer processes: a Task of raw text in, token arrays for train and val out, in order.
-
-Pipeline sends sources.Task tuples to `num_proc` processes (the spawn start method, so everything a process runs is
-a module-level function here, and every payload is plain: bytes, str, lists, tuples) and hands the results back
-in the order the tasks went in; with num_proc == 1 it tokenizes in-process. In each process, tokenize_task
-parses the records (JSON lines or `datasets` rows), applies the subset filters, skips empty documents, picks
-each document's split (goes_to_val: a hash of its text) and encodes it as `encode_ordinary(text) + [EOT]`.
-(pilegpt/tokenizer.py is the vocabulary itself; this module runs it.)
-
-    from pilegpt.prepare import tokenize_pool
-    pipeline = tokenize_pool.Pipeline(num_proc=4, settings=settings)  # settings: see prepare_data.prepare
-    pipeline.submit(0, task)          # a sources.Task; submit(i, None) marks the end of file i
-    file_index, resume_at, result = pipeline.pop()   # result["train"], result["val"]: token arrays; None at an end
-    pipeline.close()
-"""
+"""prepare_data's tokenizer processes: a sources.Task of raw text in, token arrays for train and val out, in the
+order the tasks went in. Each process parses the records, applies the subset filters, skips empty documents,
+picks each document's split (a hash of its text) and encodes it as `encode_ordinary(text) + [EOT]`.
+Details: docs/prepare.md."""
 
 from __future__ import annotations
 
@@ -53,6 +42,7 @@ class Pipeline:
     def __init__(self, num_proc: int, settings: dict):
         self.pool = None
         if num_proc > 1:
+            # spawn: so everything a process runs is a module-level function here, and every payload plain data
             self.pool = mp.get_context("spawn").Pool(num_proc, init_worker, (settings,))
         else:
             init_worker(settings, ignore_sigint=False)

@@ -1,18 +1,8 @@
-"""train.py's settings: `TrainConfig` (every setting, its default and meaning) and how they are filled.
-
-    cfg = load_config(["config/tiny.py", "--max_duration=50ba"])   # files, then --key=value, in order
-    print(usage())                                                 # python train.py --help
-
-Config files (config/*.py) are plain Python assignments `name = value`, read with runpy (imports, functions
-and _private names are skipped); a file may set `base = "pile.py"` to start from another file (relative to
-its own folder). Files and `--key=value` arguments apply in the order given, later wins; setting data_dir
-drops an earlier data_remote and the other way round. Unknown keys are errors with a did-you-mean, values
-are checked against the field's annotation (an int is fine for a float; `true`/`false` for bools), and
-`--key=value` values are Python literals where they parse as one (`--bias=False`, `--run_name=None`,
-`--data_remote="['s3://a/mds', 's3://b/mds']"`), else text (`--max_duration=10ba`).
-
-Imports nothing heavy at module level, so `python train.py --help` answers at once.
-"""
+"""train.py's settings: `TrainConfig` (every setting, its default and meaning, and the rules between them) and how
+config files (plain `name = value` Python, read with runpy; `base = "pile.py"` starts from another) and
+`--key=value` arguments fill it, in the order given, with unknown keys refused (did-you-mean) and values typed
+by the annotations. Imports nothing heavy at module level, so `python train.py --help` answers at once.
+Details: docs/training.md."""
 
 from __future__ import annotations
 
@@ -103,10 +93,16 @@ class TrainConfig:
 
     def __post_init__(self):
         """Cross-field rules; a ValueError listing every broken one. Model-shape rules live in GPTConfig."""
-        from composer.core import Time, TimeUnit
-
         from pilegpt.train.extensions import check_algorithms, check_callbacks
 
+        errors = (self._check_shape() + self._check_data() + self._check_batches() + self._check_optimizer()
+                  + self._check_schedule() + self._check_eval() + self._check_system() + self._check_save()
+                  + check_algorithms(self.algorithms, self.grad_clip) + check_callbacks(self.callbacks))
+        if errors:
+            raise ValueError("; ".join(errors))
+
+    def _check_shape(self) -> list[str]:
+        """The model's shape (GPTConfig's rules) and the global batch."""
         errors = []
         try:
             self.model_config()
@@ -114,6 +110,11 @@ class TrainConfig:
             errors.append(str(e).replace("GPTConfig.", ""))
         if self.global_batch_size < 1:
             errors.append(f"global_batch_size must be >= 1, got {self.global_batch_size}")
+        return errors
+
+    def _check_data(self) -> list[str]:
+        """Where the data is (one of data_dir and data_remote) and how it is read."""
+        errors = []
         if self.data_format not in ("auto", "bin", "mds"):
             errors.append(f"data_format must be 'auto', 'bin' or 'mds', got {self.data_format!r}")
         if self.data_dir is None and self.data_remote is None:
@@ -130,6 +131,11 @@ class TrainConfig:
             errors.append("data_remote is an empty list")
         if self.num_workers < 0:
             errors.append(f"num_workers must be >= 0, got {self.num_workers}")
+        return errors
+
+    def _check_batches(self) -> list[str]:
+        """The per-device batches and the MDS sample order."""
+        errors = []
         mb = self.device_train_microbatch_size
         if isinstance(mb, str) and mb != "auto":
             errors.append(f"device_train_microbatch_size must be an integer or 'auto', got {mb!r}")
@@ -139,6 +145,11 @@ class TrainConfig:
             errors.append(f"num_canonical_nodes must be >= 1 (or None), got {self.num_canonical_nodes}")
         if self.device_eval_batch_size is not None and self.device_eval_batch_size < 1:
             errors.append(f"device_eval_batch_size must be >= 1, got {self.device_eval_batch_size}")
+        return errors
+
+    def _check_optimizer(self) -> list[str]:
+        """The learning rates, the starting weights and gradient clipping."""
+        errors = []
         if not 0 < self.learning_rate:
             errors.append(f"learning_rate must be > 0, got {self.learning_rate}")
         elif not 0 <= self.min_lr <= self.learning_rate:
@@ -147,7 +158,13 @@ class TrainConfig:
             errors.append("init_from is empty: pass scratch, gpt2, a Hugging Face folder or a pile-gpt checkpoint")
         if self.grad_clip < 0:
             errors.append(f"grad_clip must be >= 0 (0 = off), got {self.grad_clip}")
-        units = {}
+        return errors
+
+    def _check_schedule(self) -> list[str]:
+        """The four Composer time strings, and a warmup in max_duration's unit."""
+        from composer.core import Time, TimeUnit
+
+        errors, units = [], {}
         for name in ("warmup", "max_duration", "eval_interval", "save_interval"):
             try:
                 parsed = Time.from_timestring(getattr(self, name))
@@ -170,6 +187,11 @@ class TrainConfig:
             if warm not in (total, TimeUnit.DURATION):
                 errors.append(f"warmup ({self.warmup}) must use max_duration's unit ({self.max_duration}) or "
                               f"be a fraction like '0.01dur'")
+        return errors
+
+    def _check_eval(self) -> list[str]:
+        """Evaluation: the val batches, more eval sets, HellaSwag and the text samples."""
+        errors = []
         if self.eval_subset_num_batches == 0 or self.eval_subset_num_batches < -1:
             errors.append(f"eval_subset_num_batches must be -1 (all) or >= 1, got {self.eval_subset_num_batches}")
         for label, location in self.eval_data.items():
@@ -182,10 +204,20 @@ class TrainConfig:
             errors.append(f"hellaswag_examples must be -1 (all), 0 (off) or a count, got {self.hellaswag_examples}")
         if self.sample_length < 0:
             errors.append(f"sample_length must be >= 0, got {self.sample_length}")
+        return errors
+
+    def _check_system(self) -> list[str]:
+        """The device and the numeric precision."""
+        errors = []
         if self.device not in ("auto", "gpu", "cpu"):
             errors.append(f"device must be 'auto', 'gpu' or 'cpu', got {self.device!r}")
         if self.precision not in ("auto", "fp32", "amp_bf16", "amp_fp16"):
             errors.append(f"precision must be 'auto', 'fp32', 'amp_bf16' or 'amp_fp16', got {self.precision!r}")
+        return errors
+
+    def _check_save(self) -> list[str]:
+        """save_folder and data_remote as the libraries that read them parse them, autoresume, and the logs."""
+        errors = []
         if storage.scheme(self.save_folder) not in ("", "s3"):
             errors.append(f"save_folder={self.save_folder!r}: a local folder or s3://bucket/prefix (any "
                           "S3-compatible store through AWS_ENDPOINT_URL); other stores are not supported")
@@ -202,9 +234,7 @@ class TrainConfig:
             errors.append("autoresume needs a run_name: the name that finds the run's checkpoints again")
         if self.log_interval < 1 or self.speed_window < 1:
             errors.append("log_interval and speed_window must be >= 1")
-        errors += check_algorithms(self.algorithms, self.grad_clip) + check_callbacks(self.callbacks)  # extensions.py
-        if errors:
-            raise ValueError("; ".join(errors))
+        return errors
 
     def model_config(self):
         from model import GPTConfig
@@ -275,7 +305,8 @@ def coerce(name: str, value: Any, source: str) -> Any:
 
 
 def parse_cli_value(raw: str, tp: Any) -> Any:
-    """A --key=value string as a Python value: a literal where it parses as one that fits, else the text."""
+    """A --key=value string as a Python value: a literal where it parses as one that fits (`--bias=False`,
+    `--run_name=None`, `--data_remote="['s3://a/mds', 's3://b/mds']"`), else the text (`--max_duration=10ba`)."""
     alts = _alternatives(tp)
     if bool in alts and raw.lower() in ("true", "false"):
         return raw.lower() == "true"
@@ -315,7 +346,8 @@ def unknown_key_error(key: str, source: str) -> UserError:
 
 
 def read_config_file(path: str, _seen: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The assignments of a config file (after those of its `base` file, if it sets one)."""
+    """The assignments of a config file (after those of its `base` file, if it sets one, relative to its folder);
+    imports, functions, classes and _private names are skipped."""
     seen = (*_seen, os.path.realpath(path))
     if not os.path.isfile(path):
         raise UserError(f"config file {path} not found")
@@ -371,22 +403,9 @@ def config_values(argv: Sequence[str]) -> dict[str, Any]:
     values: dict[str, Any] = {}
     files = []
     for arg in argv:
-        if arg.startswith("--"):
-            if "=" not in arg:
-                raise UserError(f"argument {arg}: write --key=value (one argument, no space)")
-            key, raw = arg[2:].split("=", 1)
-            if key not in types_:
-                raise unknown_key_error(key, f"argument {arg}")
-            source = {key: coerce(key, parse_cli_value(raw, types_[key]), f"argument {arg}")}
-        elif arg.startswith("-"):
-            raise UserError(f"unknown option {arg}: settings are --key=value, see `python train.py --help`")
-        else:
+        source = _values_of(arg, types_)
+        if not arg.startswith("--"):
             files.append(arg)
-            source = {}
-            for key, value in read_config_file(arg).items():
-                if key not in types_:
-                    raise unknown_key_error(key, f"config file {arg}")
-                source[key] = coerce(key, value, f"config file {arg}")
         # data_dir and data_remote are two ways to name the data: setting one replaces the other
         for key, other in (("data_dir", "data_remote"), ("data_remote", "data_dir")):
             if key in source and other not in source:
@@ -394,6 +413,25 @@ def config_values(argv: Sequence[str]) -> dict[str, Any]:
         values.update(source)
     if values.get("run_name") is None and files:
         values["run_name"] = Path(files[-1]).stem
+    return values
+
+
+def _values_of(arg: str, types_: dict[str, Any]) -> dict[str, Any]:
+    """The settings one argument gives: a --key=value, or every assignment of a config file (checked and typed)."""
+    if arg.startswith("--"):
+        if "=" not in arg:
+            raise UserError(f"argument {arg}: write --key=value (one argument, no space)")
+        key, raw = arg[2:].split("=", 1)
+        if key not in types_:
+            raise unknown_key_error(key, f"argument {arg}")
+        return {key: coerce(key, parse_cli_value(raw, types_[key]), f"argument {arg}")}
+    if arg.startswith("-"):
+        raise UserError(f"unknown option {arg}: settings are --key=value, see `python train.py --help`")
+    values = {}
+    for key, value in read_config_file(arg).items():
+        if key not in types_:
+            raise unknown_key_error(key, f"config file {arg}")
+        values[key] = coerce(key, value, f"config file {arg}")
     return values
 
 

@@ -1,14 +1,7 @@
-"""The datasets and loaders train.py reads, on data.py's contract: .bin windows in a memory-constant shuffled order,
-and MDS shards through Streaming's StreamingDataset (local or s3://, through a local cache).
-
-    train_spec, val_spec = build_dataloaders(cfg, world_size, rank, pin_memory)   # Composer DataSpecs
-
-Batches are {"x": LongTensor (B, T), "y": LongTensor (B, T)}, y = x shifted by one token.
-- .bin: `BinDataset` (sample i = window i) and `resumable_sampler` (a keyed permutation: each window once per
-  epoch, ranks disjoint, an exact resume mid-epoch; memory and start-up do not grow with the dataset).
-- MDS: `mds_split` (a StreamingDataset over split/ of every root; several roots are streams of one dataset).
-Streaming is imported only when MDS is read.
-"""
+"""The datasets and loaders train.py reads, on data.py's contract: batches {"x": (B, T), "y": (B, T)} of token
+ids, read from .bin windows in a keyed shuffle (each window once per epoch, ranks disjoint, an exact resume,
+memory constant in the dataset's size) or from MDS shards through Streaming (local or s3://, through a local
+cache). Streaming is imported only when MDS is read. Details: docs/training.md."""
 
 from __future__ import annotations
 
@@ -107,14 +100,10 @@ def permute(positions: np.ndarray, n: int, key: int) -> np.ndarray:
 
 def resumable_sampler(dataset: BinDataset, world_size: int, rank: int, seed: int):
     """The training order of a BinDataset: a new shuffle every epoch, each window once per epoch, ranks
-    disjoint (rank r takes every world_size-th position), and an exact resume mid-epoch.
-
-    Memory and start-up do not grow with the dataset: positions map to windows through `permute`, computed
-    in chunks as the DataLoader asks for them (the Pile's ~300M windows of 1024 tokens need no index list).
-    Composer sets the epoch (set_epoch, as for any DistributedSampler) and calls BinDataset.load_state_dict
-    on resume; the order is a function of (seed, epoch) only, so skipping each rank's first
-    sample_in_epoch / world_size positions restores the exact data position of the interrupted run.
-    """
+    disjoint (rank r takes every world_size-th position), and an exact resume mid-epoch. Positions map to windows
+    through `permute`, in chunks as the DataLoader asks, so memory and start-up do not grow with the dataset; the
+    order is a function of (seed, epoch) only, so on resume (BinDataset.load_state_dict) skipping each rank's
+    first sample_in_epoch / world_size positions restores the exact data position."""
     from torch.utils.data import DistributedSampler
 
     class PermutationSampler(DistributedSampler):
@@ -239,13 +228,10 @@ def read_mds_indexes(cfg) -> dict[str, Optional[list[Optional[bytes]]]]:
 
 
 def mds_split(cfg, split: str, batch_size: int, shuffle: bool):
-    """A StreamingDataset over split/ of every MDS root (several roots: several streams), or None.
-
-    Every root, local or remote, is read through a cache under data_local: Streaming decompresses shards
-    where it reads them, and a dataset folder must stay exactly as to_mds wrote it. Shard names are checked first
-    (split_indexes); shard checksums are validated as shards enter the cache (xxh64 when the index has it), so a
-    corrupt shard is refused.
-    """
+    """A StreamingDataset over split/ of every MDS root (several roots: several streams), or None. Every root,
+    local or remote, is read through a cache under data_local (Streaming decompresses shards where it reads them,
+    and a dataset folder must stay as to_mds wrote it); shard names are checked first (split_indexes), checksums
+    as shards enter the cache (xxh64 when the index has it), so a corrupt shard is refused."""
     from streaming import Stream
 
     from pilegpt.train.mds_reader import CheckedStreamingDataset

@@ -1,10 +1,7 @@
-"""The StreamingDataset train.py reads MDS shards with, and what its failures mean: a failure in Streaming's
-download threads ends the run with one line naming its cause (a checksum mismatch, a lost connection), not
-"Background thread failed" (`describe_read_failure`).
-
-Its own module because it subclasses Streaming's class at import, and Streaming is slow to import: loaders.py
-imports this only when a run reads MDS.
-"""
+"""The StreamingDataset train.py reads MDS shards with: a failure in Streaming's download threads ends the run with
+one line naming its cause (a checksum mismatch, a lost connection), not "Background thread failed". A module of
+its own because it subclasses Streaming's class at import, and Streaming is slow to import: loaders.py imports
+it only when a run reads MDS. Details: docs/robustness.md."""
 
 from __future__ import annotations
 
