@@ -28,7 +28,7 @@ the optimizer and schedule start fresh, and a run that autoresumes keeps its own
 
 Extensions: algorithms={"ema": {"half_life": "1000ba"}} and callbacks={"optimizer_monitor": {}, "pkg.mod:Class": {}}
 turn on Composer's algorithms and callbacks by name, and callbacks of your own
-(pilegpt/train/extensions.py; README "Extending training"). grad_clip's norm clipping is always on unless grad_clip=0.
+(pilegpt/train/extensions.py; docs/extending.md). grad_clip's norm clipping is always on unless grad_clip=0.
 
 Outputs (save_folder, local or s3://; default runs/{run_name}):
     ep{E}-ba{B}-rank{R}.pt, latest-rank0.pt   Composer checkpoints (every save_interval and at the end), with

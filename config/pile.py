@@ -21,7 +21,7 @@ num_workers = 8
 
 # ~0.5M tokens per optimizer step: 480 sequences x 1024 tokens = 491,520 (GPT-3 paper's batch for 125M).
 # On 8 GPUs each takes 60 sequences in 5 microbatches of 12; "auto" finds the largest that fits (GPU only,
-# never run here, so not the default: README "Extending training").
+# never run here, so not the default: docs/extending.md).
 global_batch_size = 480
 device_train_microbatch_size = 12
 device_eval_batch_size = 16
@@ -47,7 +47,7 @@ sample_prompt = "The meaning of life is"
 
 precision = "auto"  # amp_bf16 on GPU
 compile = False  # True: torch.compile, faster after a few minutes of compiling (not verified here)
-# Composer algorithms and callbacks by name (README "Extending training"), e.g.
+# Composer algorithms and callbacks by name (docs/extending.md), e.g.
 #   algorithms = {"ema": {"half_life": "1000ba"}}
 
 run_name = os.environ.get("RUN_NAME", "pile-gpt2-124m")

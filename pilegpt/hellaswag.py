@@ -29,7 +29,7 @@ from pilegpt.common import UserError, atomic_path
 URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 VAL_EXAMPLES = 10_042  # lines of the official hellaswag_val.jsonl
 ENDINGS = 4
-# Published HellaSwag val figures to compare with (model, acc %, acc_norm %, source); README "Evaluation" cites them.
+# Published HellaSwag val figures to compare with (model, acc %, acc_norm %, source); docs/evaluation.md cites them.
 ANCHORS = [
     ("OpenAI GPT-2 124M, this scoring", 28.59, 29.55, "karpathy/build-nanogpt, karpathy/llm.c"),
     ("OpenAI GPT-2 124M, lm-evaluation-harness", 28.92, 31.14, "EleutherAI/lm-evaluation-harness"),

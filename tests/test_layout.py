@@ -1,4 +1,4 @@
-"""The shape of the code (README "Layout"): the library's import graph has no cycle, only storage.py tells a URL
+"""The shape of the code (docs/layout.md): the library's import graph has no cycle, only storage.py tells a URL
 from a local path, only compat.py touches library internals, and every product file is readable in one sitting."""
 
 import ast

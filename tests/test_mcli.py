@@ -295,11 +295,11 @@ def test_prepare_yaml_block_size_is_the_training_block_size():
 
 
 def documented_mcli_commands() -> list[str]:
-    """The `mcli ...` command lines written in mcli/ and README.md (a line, or a comment line, that starts with
+    """The `mcli ...` command lines written in mcli/, README.md and docs/ (a line, or a comment line, that starts with
     the command; a trailing # comment is not part of it)."""
     line = re.compile(r"^\s*(?:#\s*)?(?:\$\s*)?(mcli [a-z].*?)\s*(?:#.*)?$", re.M)
     found = set()
-    for path in [*MCLI_DIR.glob("*"), REPO / "README.md"]:
+    for path in [*MCLI_DIR.glob("*"), REPO / "README.md", *(REPO / "docs").glob("*.md")]:
         if path.is_file():
             found |= {m.group(1) for m in line.finditer(path.read_text()) if "$" not in m.group(1)}
     return sorted(found)  # launch_prepare.sh's own `mcli run ... "$@"` is run in a test below

@@ -13,7 +13,7 @@ callback of your own is "module.path:ClassName" (the module importable, e.g. on 
 
 ALGORITHMS are the Composer algorithms that apply to model.py's GPT (nn.Linear, nn.LayerNorm, nn.Embedding,
 SDPA attention, tanh GELU) and its {"x", "y"} batches of token ids; NOT_FOR_THIS_MODEL says for every other
-Composer algorithm why not (README "Extending training" shows both). Every mistake is a one-line UserError
+Composer algorithm why not (docs/extending.md shows both). Every mistake is a one-line UserError
 naming the entry and the fix: names when the config is read (`check_algorithms`, `check_callbacks`, called by
 TrainConfig), device, precision and arguments in `build_*`, before the Trainer starts. Composer is imported
 inside the functions, so importing this module costs nothing.

@@ -4,7 +4,7 @@
 #   SLURM_JOB_NODELIST -> --master_addr (the first host of `scontrol show hostnames`; MASTER_ADDR overrides)
 #   SLURM_NODEID       -> --node_rank        SLURM_NNODES -> --world_size (x processes per node)
 #   SLURM_GPUS_ON_NODE -> --nproc (NPROC_PER_NODE overrides; 1 when neither is set)
-# pilegpt.launch is Composer's launcher passing SIGTERM on to train.py (README "Preemption").
+# pilegpt.launch is Composer's launcher passing SIGTERM on to train.py (docs/clusters.md, "Preemption").
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"  # pilegpt, from any working folder
