@@ -85,6 +85,33 @@ def node_signal_files_per_node() -> Iterator[None]:
         dist.get_node_signal_file_name = original
 
 
+@contextlib.contextmanager
+def launcher_processes_seen(seen: dict) -> Iterator[None]:
+    """Inside, Composer's launcher fills `seen`: "processes" (global rank -> Popen) and "first_failures" (global rank
+    -> returncode of the ranks that had failed when the launcher noticed the first failure, before it sent SIGTERM
+    to the others).
+
+    Private: composer.cli.launcher._monitor_processes(processes) returns at the first failed rank; the launcher
+    then SIGTERMs the rest and returns the first non-zero status in rank order, which may be the SIGTERM's echo
+    of another rank rather than the failure itself. main() looks the function up on the module at its call.
+    """
+    from composer.cli import launcher
+
+    original = launcher._monitor_processes
+
+    def monitor(processes: dict) -> None:
+        seen["processes"] = processes
+        original(processes)
+        seen["first_failures"] = {r: p.returncode for r, p in processes.items()
+                                  if p.poll() is not None and p.returncode != 0}
+
+    launcher._monitor_processes = monitor
+    try:
+        yield
+    finally:
+        launcher._monitor_processes = original
+
+
 def activate_ema_weights(algorithm: Any, state: Any) -> None:
     """Swap EMA's averaged weights into the model, as Composer's EMA does itself before a checkpoint.
 

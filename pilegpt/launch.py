@@ -6,8 +6,8 @@ whose training processes die with it.
 Composer 0.32.1's launcher has no SIGTERM handler: a SIGTERM sent to it (Kubernetes signals a container's first
 process; Slurm's --signal=B:TERM the batch shell, which passes it on) ends the launcher at once and never reaches
 train.py, so no preemption checkpoint is written (preemption.py). Here the launcher forwards each SIGTERM to its
-children and keeps waiting for them, and exits with their status (preemption.PREEMPTED after a checkpoint; 128 + N
-for a rank ended by signal N, e.g. 143 again for a second SIGTERM).
+children and keeps waiting for them. Its exit status is the first failing rank's own (job_status): PREEMPTED (143)
+after a preemption checkpoint, 2 for a user error, 128 + N for a rank ended by signal N (137 for the OOM killer).
 
 A SIGKILL to the launcher (a grace period run out, `kill -9`) cannot be handled, and its training processes would
 live on as orphans: still training, holding the save_folder's lock, so that the resumed run is refused. Kubernetes
@@ -52,13 +52,32 @@ def die_with_launcher() -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+def shell_status(code: int) -> int:
+    """A Popen returncode as a shell reports it: 128 + N for a process ended by signal N."""
+    return 128 - code if code < 0 else code
+
+
+def job_status(seen: dict, composer_code: int) -> int:
+    """The launcher's exit status: the first failing rank's own (2 for a user error, 1 for a crash, 128 + N for a
+    signal), 0 when every rank succeeded. PREEMPTED (143) is thus returned only when the first rank to stop did so
+    for a preemption notice: a SIGTERM the launcher sent to the other ranks after a failure never masks it."""
+    first = seen.get("first_failures") or {}
+    if first:
+        return shell_status(first[min(first)])
+    return shell_status(composer_code)
+
+
 def main() -> int:
     from composer.cli.launcher import main as composer_launcher
 
+    from pilegpt import compat
+
     signal.signal(signal.SIGTERM, forward_sigterm)
     os.environ[LAUNCHER_PID] = str(os.getpid())  # Composer's launcher passes its environment on
-    code = composer_launcher()  # the first failed rank's Popen status: -N for a rank ended by signal N
-    return 128 - code if code < 0 else code  # 128 + N, as a shell reports it; sys.exit(-15) would exit 241
+    seen: dict = {}
+    with compat.launcher_processes_seen(seen):
+        code = composer_launcher()  # the first non-zero status in rank order (maybe the echo of its own SIGTERM)
+    return job_status(seen, code)
 
 
 if __name__ == "__main__":
