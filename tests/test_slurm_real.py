@@ -118,7 +118,8 @@ def test_sigterm_on_a_real_slurm_checkpoints_requeues_and_resumes_loss_for_loss(
     saved, log = tmp_path / "slurm_run", tmp_path / "job.out"
     env = {**slurm, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "tests"), "PYTHONUNBUFFERED": "1",
            "MASTER_PORT": str(free_port())}
-    job = slurm_cmd(env, "sbatch", "--parsable", "--nodes=1", "--gpus-per-node=0", "--cpus-per-task=1", f"--output={log}",
+    job = slurm_cmd(env, "sbatch", "--parsable", "--nodes=1", "--gpus-per-node=0", "--cpus-per-task=1",
+                    f"--output={log}",
                     str(REPO / "scripts" / "slurm" / "train.sbatch"), *args, f"--save_folder={saved}", SLOW).strip()
     whole = tmp_path / "whole"
     whole.mkdir()
