@@ -9,7 +9,7 @@ checks and the .bin training path must not pay for what they do not use).
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 # ----------------------------------------------------------------------------------------------------------
 # Composer 0.32.1
@@ -110,6 +110,25 @@ def launcher_processes_seen(seen: dict) -> Iterator[None]:
         yield
     finally:
         launcher._monitor_processes = original
+
+
+@contextlib.contextmanager
+def checkpoint_loads_through(load: Callable[[str, str], Any]) -> Iterator[None]:
+    """Inside, every checkpoint Composer's Trainer reads (autoresume, load_path) is read by `load(path,
+    map_location)` instead of Composer's full unpickling.
+
+    Private: composer.utils.checkpoint.safe_torch_load calls the module's _torch_load_with_validation(path,
+    map_location), which is torch.load(weights_only=False): a pickle in a shared save_folder would run its code on
+    resume. The Trainer has no setting for it; the function is looked up on the module at each call.
+    """
+    from composer.utils import checkpoint
+
+    original = checkpoint._torch_load_with_validation
+    checkpoint._torch_load_with_validation = lambda path, map_location: load(str(path), map_location)
+    try:
+        yield
+    finally:
+        checkpoint._torch_load_with_validation = original
 
 
 def activate_ema_weights(algorithm: Any, state: Any) -> None:
