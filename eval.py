@@ -20,7 +20,7 @@ import time
 import torch
 
 from pilegpt import hellaswag
-from pilegpt.common import UserError, atomic_write_text, load_dotenv_file, run_main
+from pilegpt.common import UserError, atomic_write_text, check_writable_folder, load_dotenv_file, pick_device, run_main
 from pilegpt.hf import load_pretrained
 from pilegpt.tokenizer import gpt2
 
@@ -45,7 +45,17 @@ def parse_args(argv=None) -> argparse.Namespace:
         raise UserError(f"--limit must be >= 1, got {args.limit}")
     if args.batch_size < 1:
         raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.out:  # checked before any example is scored
+        check_out_file(args.out)
     return args
+
+
+def check_out_file(out: str) -> None:
+    """A UserError unless --out names a file that can be written (its folder existing, or one that can be made)."""
+    if os.path.isdir(out):
+        raise UserError(f"--out {out} is a folder: name the JSON file to write, e.g. "
+                        f"{os.path.join(out, 'results.json')}")
+    check_writable_folder(os.path.dirname(os.path.abspath(out)), "--out", "choose another --out")
 
 
 def main(argv=None) -> int:
@@ -53,8 +63,7 @@ def main(argv=None) -> int:
     load_dotenv_file()
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    cuda = torch.cuda.is_available() and args.device in (None, "cuda") or (args.device or "").startswith("cuda")
-    device = torch.device(args.device or (f"cuda:{local_rank}" if cuda else "cpu"))
+    device = pick_device(args.device, local_rank)
     if world > 1:
         from composer.utils import dist
 
@@ -82,6 +91,7 @@ def main(argv=None) -> int:
         return 0
     acc, acc_norm = hellaswag.accuracy(predictions)
     if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         atomic_write_text(args.out, json.dumps({
             "task": args.task, "n": len(predictions), "acc": acc, "acc_norm": acc_norm, "source": args.src,
             "data": args.data or args.url, "predictions": [p._asdict() for p in predictions]}, indent=1) + "\n")

@@ -6,23 +6,25 @@ Usage:
     python plot_loss.py runs/quickstart/metrics.jsonl --out loss.png"""
 
 import argparse
-import json
 from pathlib import Path
 from typing import Optional, Sequence
 
 from pilegpt.common import UserError, run_main
-from pilegpt.train.report import plot
+from pilegpt.train.report import Metrics, plot
 
 
-def read_metrics(path: Path) -> list[dict]:
+def read_metrics(path: Path) -> Metrics:
     if path.is_dir():
         path = path / "metrics.jsonl"
     if not path.is_file():
         raise UserError(f"{path} not found: pass a run folder written by train.py (e.g. runs/quickstart)")
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    if not any("loss" in r for r in rows):
+    metrics = Metrics()
+    with open(path, "rb") as f:
+        for line in f:
+            metrics.add_line(line)
+    if not len(metrics.train[0]):
         raise UserError(f"{path} holds no train loss yet: did the run get past its first batch?")
-    return rows
+    return metrics
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -32,10 +34,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--out", default=None, help="PNG to write (default: loss.png beside metrics.jsonl)")
     args = p.parse_args(argv)
     src = Path(args.metrics)
-    rows = read_metrics(src)
+    metrics = read_metrics(src)
     out = Path(args.out) if args.out else (src if src.is_dir() else src.parent) / "loss.png"
 
-    print(plot(rows, out, str(src)))
+    print(plot(metrics, out, str(src)))
     return 0
 
 

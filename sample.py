@@ -16,7 +16,7 @@ import time
 import torch
 
 from pilegpt.checkpoint import add_load_arguments, load_model
-from pilegpt.common import UserError, load_dotenv_file, run_main
+from pilegpt.common import UserError, load_dotenv_file, pick_device, run_main
 from pilegpt.tokenizer import EOT, EOT_ID, gpt2
 
 SEPARATOR = "-" * 40  # printed after each sample
@@ -51,18 +51,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 # ---------------------------------------------------------------------------------------------------------
 # Sampling
-
-def pick_device(name: str | None) -> torch.device:
-    if name is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise UserError(f"--device {name!r} is not a device: use cpu or cuda") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"--device {name}: no CUDA GPU is visible here; use --device cpu")
-    return device
-
 
 def encode_prompt(prompt: str, vocab_size: int) -> list[int]:
     ids = gpt2().encode(prompt, allowed_special={EOT}) or [EOT_ID]  # an empty prompt: start a new document

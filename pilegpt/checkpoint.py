@@ -110,12 +110,12 @@ def gpt_from_weights(model_args: dict, state_dict: dict, source: str = "checkpoi
 # ----------------------------------------------------------------------------------------------------------
 # Composer checkpoints
 
-def safe_load(path: str) -> object:
+def safe_load(path: str, map_location: str = "cpu") -> object:
     """torch.load with weights_only=True, plus the allow-list of plain types Composer checkpoints hold."""
     try:
         with torch.serialization.safe_globals(COMPOSER_SAFE_GLOBALS):
             # mmap: tensors are paged in from the file, not read whole (a checkpoint holds optimizer state)
-            return torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
+            return torch.load(path, map_location=map_location, weights_only=True, mmap=zipfile.is_zipfile(path))
     except Exception as e:  # UnpicklingError for a refused object, RuntimeError for a non-torch file...
         raise UserError(f"{path} is not a model export or Composer checkpoint that can be read safely: "
                         f"{load_error_reason(e)}") from None

@@ -163,3 +163,21 @@ def tune_glibc_malloc() -> bool:
         return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 1 << 30))
     except (OSError, AttributeError):  # not glibc (e.g. musl)
         return False
+
+
+def pick_device(name: Optional[str], local_rank: int = 0):
+    """The torch.device of a `--device` flag: cpu, cuda or cuda:N (None: this process's GPU when there is one, else
+    the CPU); a UserError for a name that is not a device, or CUDA on a machine without a GPU."""
+    import torch
+
+    if name is None or name == "cuda":
+        if name is None and not torch.cuda.is_available():
+            return torch.device("cpu")
+        name = f"cuda:{local_rank}"
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"--device {name!r} is not a device: use cpu or cuda") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {name}: no CUDA GPU is visible here; use --device cpu")
+    return device

@@ -6,7 +6,7 @@ Details: docs/extending.md."""
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 # ----------------------------------------------------------------------------------------------------------
 # Composer 0.32.1
@@ -78,6 +78,52 @@ def node_signal_files_per_node() -> Iterator[None]:
         yield
     finally:
         dist.get_node_signal_file_name = original
+
+
+@contextlib.contextmanager
+def launcher_processes_seen(seen: dict) -> Iterator[None]:
+    """Inside, Composer's launcher fills `seen`: "processes" (global rank -> Popen) and "first_failures" (global rank
+    -> returncode of the ranks that had failed when the launcher noticed the first failure, before it sent SIGTERM
+    to the others).
+
+    Private: composer.cli.launcher._monitor_processes(processes) returns at the first failed rank; the launcher
+    then SIGTERMs the rest and returns the first non-zero status in rank order, which may be the SIGTERM's echo
+    of another rank rather than the failure itself. main() looks the function up on the module at its call.
+    """
+    from composer.cli import launcher
+
+    original = launcher._monitor_processes
+
+    def monitor(processes: dict) -> None:
+        seen["processes"] = processes
+        original(processes)
+        seen["first_failures"] = {r: p.returncode for r, p in processes.items()
+                                  if p.poll() is not None and p.returncode != 0}
+
+    launcher._monitor_processes = monitor
+    try:
+        yield
+    finally:
+        launcher._monitor_processes = original
+
+
+@contextlib.contextmanager
+def checkpoint_loads_through(load: Callable[[str, str], Any]) -> Iterator[None]:
+    """Inside, every checkpoint Composer's Trainer reads (autoresume, load_path) is read by `load(path,
+    map_location)` instead of Composer's full unpickling.
+
+    Private: composer.utils.checkpoint.safe_torch_load calls the module's _torch_load_with_validation(path,
+    map_location), which is torch.load(weights_only=False): a pickle in a shared save_folder would run its code on
+    resume. The Trainer has no setting for it; the function is looked up on the module at each call.
+    """
+    from composer.utils import checkpoint
+
+    original = checkpoint._torch_load_with_validation
+    checkpoint._torch_load_with_validation = lambda path, map_location: load(str(path), map_location)
+    try:
+        yield
+    finally:
+        checkpoint._torch_load_with_validation = original
 
 
 def activate_ema_weights(algorithm: Any, state: Any) -> None:

@@ -47,7 +47,7 @@ def parse(line: str, where: str, ind: int) -> Example:
         raise UserError(f"{where}: no text field 'ctx' (the context)")
     if not (isinstance(endings, list) and len(endings) == ENDINGS and all(isinstance(e, str) for e in endings)):
         raise UserError(f"{where}: 'endings' must be a list of {ENDINGS} strings")
-    if isinstance(label, str) and label.isdigit():
+    if isinstance(label, str) and label.isascii() and label.isdigit():  # not "²": isdigit() alone accepts it
         label = int(label)
     if not (isinstance(label, int) and not isinstance(label, bool) and 0 <= label < ENDINGS):
         raise UserError(f"{where}: 'label' must be the index of the right ending, 0 to {ENDINGS - 1}")
@@ -57,11 +57,16 @@ def parse(line: str, where: str, ind: int) -> Example:
 def read_examples(path: Path) -> list[Example]:
     """Every example of a local HellaSwag jsonl file, validated line by line."""
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"cannot read {path} ({e}); pass a HellaSwag .jsonl file") from None
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise UserError(f"cannot read {path} ({e.strerror or e}); pass a HellaSwag .jsonl file") from None
     examples: list[Example] = []
-    for i, line in enumerate(lines):
+    for i, raw in enumerate(data.split(b"\n")):  # JSON lines end at \n only (U+2028 may sit inside a string)
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise UserError(f"{path}:{i + 1}: not UTF-8 text (byte {e.start + 1} of the line); a HellaSwag file is "
+                            "UTF-8 JSON lines") from None
         if line.strip():
             examples.append(parse(line, f"{path}:{i + 1}", len(examples)))
     if not examples:

@@ -1,6 +1,7 @@
 """Composer's launcher (`python -m pilegpt.launch -n 8 train.py config/pile.py`, composer's arguments) that passes
 SIGTERM on to its training processes, so a preempted run writes its checkpoint, and whose training processes die
-with it, so no orphan keeps training. Details: docs/clusters.md."""
+with it, so no orphan keeps training. Its exit status is the first failing rank's own (job_status): 143 only after
+a preemption checkpoint. Details: docs/clusters.md."""
 
 from __future__ import annotations
 
@@ -43,13 +44,32 @@ def die_with_launcher() -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+def shell_status(code: int) -> int:
+    """A Popen returncode as a shell reports it: 128 + N for a process ended by signal N."""
+    return 128 - code if code < 0 else code
+
+
+def job_status(seen: dict, composer_code: int) -> int:
+    """The launcher's exit status: the first failing rank's own (2 for a user error, 1 for a crash, 128 + N for a
+    signal), 0 when every rank succeeded. PREEMPTED (143) is thus returned only when the first rank to stop did so
+    for a preemption notice: a SIGTERM the launcher sent to the other ranks after a failure never masks it."""
+    first = seen.get("first_failures") or {}
+    if first:
+        return shell_status(first[min(first)])
+    return shell_status(composer_code)
+
+
 def main() -> int:
     from composer.cli.launcher import main as composer_launcher
 
+    from pilegpt import compat
+
     signal.signal(signal.SIGTERM, forward_sigterm)
     os.environ[LAUNCHER_PID] = str(os.getpid())  # Composer's launcher passes its environment on
-    code = composer_launcher()  # the first failed rank's Popen status: -N for a rank ended by signal N
-    return 128 - code if code < 0 else code  # 128 + N, as a shell reports it; sys.exit(-15) would exit 241
+    seen: dict = {}
+    with compat.launcher_processes_seen(seen):
+        code = composer_launcher()  # the first non-zero status in rank order (maybe the echo of its own SIGTERM)
+    return job_status(seen, code)
 
 
 if __name__ == "__main__":

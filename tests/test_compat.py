@@ -109,3 +109,22 @@ def test_each_node_gets_a_signal_file_name_of_its_own(monkeypatch):
     for module in (trainer, checkpoint):  # both call it through the module, at each use
         assert "dist.get_node_signal_file_name()" in inspect.getsource(module)
     assert "broadcast_object_list(file_name_list, src=0)" in inspect.getsource(original)
+
+
+def test_composer_reads_checkpoints_through_the_function_compat_replaces():
+    from composer.utils import checkpoint
+
+    assert list(inspect.signature(checkpoint._torch_load_with_validation).parameters) == ["checkpoint_filepath",
+                                                                                          "map_location"]
+    assert "_torch_load_with_validation(" in inspect.getsource(checkpoint.safe_torch_load)
+    seen = []
+    with compat.checkpoint_loads_through(lambda path, where: seen.append((path, where)) or {"state": {}}):
+        assert checkpoint.safe_torch_load("x.pt", map_location="cpu") == {"state": {}}
+    assert seen == [("x.pt", "cpu")] and checkpoint._torch_load_with_validation.__name__ != "<lambda>"
+
+
+def test_the_launcher_reports_the_first_failures_it_saw():
+    from composer.cli import launcher
+
+    assert "_monitor_processes(processes)" in inspect.getsource(launcher.main)
+    assert list(inspect.signature(launcher._monitor_processes).parameters) == ["processes"]

@@ -118,7 +118,8 @@ def test_sigterm_on_a_real_slurm_checkpoints_requeues_and_resumes_loss_for_loss(
     saved, log = tmp_path / "slurm_run", tmp_path / "job.out"
     env = {**slurm, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "tests"), "PYTHONUNBUFFERED": "1",
            "MASTER_PORT": str(free_port())}
-    job = slurm_cmd(env, "sbatch", "--parsable", "--nodes=1", "--gpus-per-node=0", f"--output={log}",
+    job = slurm_cmd(env, "sbatch", "--parsable", "--nodes=1", "--gpus-per-node=0", "--cpus-per-task=1",
+                    f"--output={log}",
                     str(REPO / "scripts" / "slurm" / "train.sbatch"), *args, f"--save_folder={saved}", SLOW).strip()
     whole = tmp_path / "whole"
     whole.mkdir()
@@ -139,6 +140,7 @@ def test_sigterm_on_a_real_slurm_checkpoints_requeues_and_resumes_loss_for_loss(
     stop_batch = int(stopped[0].split("after batch ")[1].split(",")[0])
     assert 2 <= stop_batch < 6
     assert "task 0: Exited with exit code 143" in out  # srun's status, on which train.sbatch requeued
+    assert "train.sbatch: preempted (exit 143), checkpoint saved: requeued (1 of 10)" in out
     assert (saved / f"ep0-ba{stop_batch}-rank0.pt").is_file()  # the preemption checkpoint (save_interval 100ba)
     assert f"resuming from the checkpoint at batch {stop_batch} " in out
     assert f"done: {6 - stop_batch} batches" in out

@@ -2,7 +2,7 @@
 
     write_report("runs/quickstart")              # -> runs/quickstart/report.md, loss.png
     write_report("s3://my-bucket/runs/pile")     # read from S3; report.md and loss.png uploaded beside the run
-    plot(rows, Path("loss.png"), "title")        # the loss curve of metrics.jsonl rows (plot_loss.py's too)
+    plot(metrics, Path("loss.png"), "title")     # the loss curve of a run's metrics (plot_loss.py's too)
 
 report.py is the command; train.py calls write_report at the end of every run. What the report holds and where
 each figure comes from: report.py's docstring.
@@ -14,8 +14,11 @@ import dataclasses
 import json
 import statistics
 import tempfile
+from array import array
 from pathlib import Path
 from typing import Optional
+
+import numpy as np
 
 from pilegpt import storage
 from pilegpt.common import UserError, atomic_path, atomic_write_text
@@ -27,27 +30,127 @@ WINDOW = 20  # batches in the moving average of the loss curve
 SPEED_ROWS = 50  # the last logged batches whose median tokens/s and MFU are reported
 
 
-def read_run(src: str) -> tuple[dict, list[dict], dict[str, dict], dict[str, str]]:
-    """(config.json, metrics rows, eval.py results by file name, where each came from) of a local or s3:// run."""
+class Metrics:
+    """What the report needs of metrics.jsonl rows, taken one row at a time: the memory held is a few numbers per
+    logged batch, not the rows. A resumed run repeats the batches after its checkpoint: the later row wins."""
+
+    def __init__(self) -> None:
+        self._train = (array("q"), array("d"))  # (batch, train loss) of every row, in file order: 16 bytes a row
+        self._val = (array("q"), array("d"))  # (batch, val loss)
+        self.tail: dict[int, dict] = {}  # the rows of the last logged batches (speed, MFU, the final loss)
+        self.evals: dict[str, dict[str, tuple[float, int]]] = {}  # eval set -> {"loss"|"bpb": (value, batch)}
+        self.hellaswag: Optional[dict] = None  # the last row with in-training HellaSwag figures
+        self.skipped = 0  # lines that are not a metrics row (cut by a kill, garbage)
+
+    def add_line(self, line: bytes | str) -> None:
+        if not line.strip():
+            return
+        try:
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        if not is_row(row):
+            self.skipped += 1
+            return
+        batch = row["batch"]
+        for key, (batches, values) in (("loss", self._train), ("val_loss", self._val)):
+            if key in row:
+                batches.append(batch)
+                values.append(row[key])
+        self.tail[batch] = row
+        if len(self.tail) > 4 * SPEED_ROWS:  # only the highest batches can be among the last ones
+            self.tail = {b: self.tail[b] for b in sorted(self.tail)[-2 * SPEED_ROWS:]}
+        for k, v in row.items():
+            if k.endswith(("_loss", "_bpb")) and k != "loss":
+                self.evals.setdefault(k.rsplit("_", 1)[0], {})[k.rsplit("_", 1)[1]] = (v, batch)
+        if "hellaswag_acc" in row and "hellaswag_acc_norm" in row:
+            self.hellaswag = row
+
+    @property
+    def train(self) -> tuple[np.ndarray, np.ndarray]:
+        """(batches, train losses) in batch order, the last row of each batch."""
+        return last_per_batch(*self._train)
+
+    @property
+    def val(self) -> tuple[np.ndarray, np.ndarray]:
+        """(batches, val losses) in batch order, the last row of each batch."""
+        return last_per_batch(*self._val)
+
+    def last_rows(self) -> list[dict]:
+        """The rows of the last SPEED_ROWS logged batches, in batch order."""
+        return [self.tail[b] for b in sorted(self.tail)[-SPEED_ROWS:]]
+
+
+def last_per_batch(batches: array, values: array) -> tuple[np.ndarray, np.ndarray]:
+    """Each batch's last value, in batch order (np.unique on the reversed columns finds the last occurrences)."""
+    b = np.frombuffer(batches, dtype=np.int64)[::-1] if batches else np.zeros(0, np.int64)
+    v = np.frombuffer(values, dtype=np.float64)[::-1] if values else np.zeros(0)
+    unique, first = np.unique(b, return_index=True)
+    return unique, v[first]
+
+
+def is_row(row) -> bool:
+    """A metrics.jsonl row: a JSON object with an integer batch and numbers for the figures the report reads."""
+    number = (int, float)
+    return (isinstance(row, dict) and isinstance(row.get("batch"), int) and not isinstance(row["batch"], bool)
+            and all(isinstance(v, number) and not isinstance(v, bool) for k, v in row.items()
+                    if k in ("loss", "tokens", "time_s", "tokens_per_sec", "mfu", "hellaswag_acc",
+                             "hellaswag_acc_norm") or k.endswith(("_loss", "_bpb"))))
+
+
+def read_metrics(folder, names: list[str]) -> Metrics:
+    """Metrics of the files `names` of a storage folder, in order, one line at a time (S3: each file downloaded
+    to a temporary file first)."""
+    metrics = Metrics()
+    with tempfile.TemporaryDirectory(prefix="report-metrics-") as tmp:
+        for name in names:
+            local = Path(tmp) / "metrics.jsonl"
+            folder.download(name, local)
+            with open(local, "rb") as f:
+                for line in f:
+                    metrics.add_line(line)
+    return metrics
+
+
+def read_results(folder, names: list[str]) -> tuple[dict[str, dict], list[str]]:
+    """eval.py's HellaSwag results saved in the run folder (hellaswag*.json), and the names of those that are not."""
+    results, skipped = {}, []
+    for n in names:
+        if "/" in n or not (n.startswith("hellaswag") and n.endswith(".json")):
+            continue
+        try:
+            r = json.loads(folder.read(n))
+        except (ValueError, UserError):
+            r = None
+        if (isinstance(r, dict) and isinstance(r.get("n"), int)
+                and all(isinstance(r.get(k), (int, float)) for k in ("acc", "acc_norm"))):
+            results[n] = r
+        else:
+            skipped.append(n)
+    return results, skipped
+
+
+def read_run(src: str) -> tuple[dict, Metrics, dict[str, dict], dict[str, str]]:
+    """(config.json, metrics, eval.py results by file name, where each came from) of a local or s3:// run."""
     folder = storage.folder(src)
     config_text = folder.get("config.json")
     if config_text is None:
         raise UserError(f"{storage.join(src, 'config.json')} not found: pass the save folder of a train.py run")
+    try:
+        info = json.loads(config_text)
+    except ValueError:
+        info = None
+    if not isinstance(info, dict):
+        raise UserError(f"{storage.join(src, 'config.json')} is damaged (not a JSON object): the report needs the "
+                        "config.json train.py wrote")
     names = folder.names()
     metric_files = ["metrics.jsonl"] if "metrics.jsonl" in names else sorted(
         n for n in names if n.startswith("logs/") and n.endswith("-metrics.jsonl"))
-    rows = [json.loads(line) for name in metric_files for line in folder.read(name).decode().splitlines()
-            if line.strip()]
-    results = {n: json.loads(folder.read(n)) for n in names if "/" not in n and n.startswith("hellaswag")
-               and n.endswith(".json")}
+    results, bad_results = read_results(folder, names)
     sources = {"config": storage.join(src, "config.json"),
-               "metrics": ", ".join(storage.join(src, n) for n in metric_files) or "(none)"}
-    return json.loads(config_text), rows, results, sources
-
-
-def last_rows_by_batch(rows: list[dict]) -> list[dict]:
-    """One row per batch, the last written (a resumed run repeats the batches after its checkpoint)."""
-    return sorted({r["batch"]: r for r in rows if "batch" in r}.values(), key=lambda r: r["batch"])
+               "metrics": ", ".join(storage.join(src, n) for n in metric_files) or "(none)",
+               "skipped_results": ", ".join(bad_results)}
+    return info, read_metrics(folder, metric_files), results, sources
 
 
 def changed_settings(config: dict) -> list[tuple[str, object, object]]:
@@ -58,9 +161,9 @@ def changed_settings(config: dict) -> list[tuple[str, object, object]]:
     return [(k, v, defaults[k]) for k, v in config.items() if k in defaults and v != defaults[k]]
 
 
-def render(info: dict, rows: list[dict], results: dict[str, dict], sources: dict[str, str], plot: Optional[str]) -> str:
-    config = info.get("config", {})
-    logged, rows = rows, last_rows_by_batch(rows)  # every row in order (later figures win), one row per batch
+def render(info: dict, metrics: Metrics, results: dict[str, dict], sources: dict[str, str],
+           plot: Optional[str]) -> str:
+    config = info.get("config") if isinstance(info.get("config"), dict) else {}
     lines = [f"# Run report: {config.get('run_name')}", "",
              f"Started {info.get('started')} on {info.get('host')}, git commit {info.get('git_commit')}; "
              f"{info.get('world_size')} process(es) on {info.get('device')} ({info.get('gpu') or 'no GPU'}), precision "
@@ -70,13 +173,21 @@ def render(info: dict, rows: list[dict], results: dict[str, dict], sources: dict
     lines += [f"| {k} | `{v!r}` | `{d!r}` |" for k, v, d in changed_settings(config)]
     lines += ["", "## Environment", "", "| | version |", "|---|---|"]
     lines += [f"| {k} | {info.get(k)} |" for k in ("python", "torch", "composer", "streaming", "numpy")]
-    lines += ["", f"## Training (source: `{sources['metrics']}`)", ""]
-    if not rows:
-        lines.append("No batch was logged.")
-    else:
+    lines += ["", f"## Training (source: `{sources['metrics']}`)", ""] + training_lines(metrics)
+    lines += ["", "## HellaSwag", ""] + hellaswag_lines(config, metrics, results, sources)
+    if plot:
+        lines += ["", "## Loss curve", "", f"![loss curve]({PLOT})", "", f"`{PLOT}`: {plot.rsplit(' -> ', 1)[0]}"]
+    return "\n".join(lines) + "\n"
+
+
+def training_lines(metrics: Metrics) -> list[str]:
+    """The training section: batches, speed, MFU, the final train loss, every eval set's last figures."""
+    rows = metrics.last_rows()
+    lines = [] if rows else ["No batch was logged."]
+    if rows:
         last = rows[-1]
-        speed = [r["tokens_per_sec"] for r in rows[-SPEED_ROWS:] if "tokens_per_sec" in r]
-        mfu = [r["mfu"] for r in rows[-SPEED_ROWS:] if "mfu" in r]
+        speed = [r["tokens_per_sec"] for r in rows if "tokens_per_sec" in r]
+        mfu = [r["mfu"] for r in rows if "mfu" in r]
         losses = [r["loss"] for r in rows[-20:] if "loss" in r]
         lines += [f"- {last['batch']:,} batches, {last.get('tokens', 0):,} tokens, {last.get('time_s', 0):,.0f} s "
                   "of the last start",
@@ -85,40 +196,42 @@ def render(info: dict, rows: list[dict], results: dict[str, dict], sources: dict
                   f"- MFU: {100 * statistics.median(mfu):.1f}%" if mfu else "- MFU: not logged (CPU, or no FLOP count)",
                   f"- train loss: {statistics.fmean(losses):.4f} (mean of the last {len(losses)} batches)"
                   if losses else "- train loss: not logged"]
-        evals = {}
-        for r in logged:
-            for k, v in r.items():
-                if k.endswith(("_loss", "_bpb")) and k != "loss":
-                    evals.setdefault(k.rsplit("_", 1)[0], {})[k.rsplit("_", 1)[1]] = (v, r["batch"])
-        if evals:
-            lines += ["", "| eval set | loss | bits per byte | at batch |", "|---|---|---|---|"]
-            for label, figures in evals.items():
-                loss, batch = figures.get("loss", (float("nan"), "-"))
-                bpb = figures.get("bpb", (float("nan"), ""))[0]
-                lines.append(f"| {label} | {loss:.4f} | {bpb:.4f} | {batch} |")
-    lines += ["", "## HellaSwag", "", "| model | acc | acc_norm | source |", "|---|---|---|---|"]
-    hs = [r for r in logged if "hellaswag_acc" in r]
-    if hs:
-        lines.append(f"| this run, batch {hs[-1]['batch']} (first {config.get('hellaswag_examples')} examples, in "
-                     f"training) | {100 * hs[-1]['hellaswag_acc']:.2f} | {100 * hs[-1]['hellaswag_acc_norm']:.2f} | "
+    if metrics.skipped:
+        lines.append(f"- {metrics.skipped:,} unreadable line(s) of the metrics skipped (cut by a kill, or not a "
+                     "metrics row)")
+    if metrics.evals:
+        lines += ["", "| eval set | loss | bits per byte | at batch |", "|---|---|---|---|"]
+        for label, figures in metrics.evals.items():
+            loss, batch = figures.get("loss", (float("nan"), "-"))
+            bpb = figures.get("bpb", (float("nan"), ""))[0]
+            lines.append(f"| {label} | {loss:.4f} | {bpb:.4f} | {batch} |")
+    return lines
+
+
+def hellaswag_lines(config: dict, metrics: Metrics, results: dict[str, dict], sources: dict[str, str]) -> list[str]:
+    """The HellaSwag table: in training, eval.py's saved results, the published anchors."""
+    lines = ["| model | acc | acc_norm | source |", "|---|---|---|---|"]
+    if (hs := metrics.hellaswag) is not None:
+        lines.append(f"| this run, batch {hs['batch']} (first {config.get('hellaswag_examples')} examples, in "
+                     f"training) | {100 * hs['hellaswag_acc']:.2f} | {100 * hs['hellaswag_acc_norm']:.2f} | "
                      f"`{sources['metrics']}` |")
     for name, r in sorted(results.items()):
-        lines.append(f"| this run, eval.py on {r.get('source')} ({r.get('n'):,} examples) | {100 * r['acc']:.2f} | "
+        lines.append(f"| this run, eval.py on {r.get('source')} ({r['n']:,} examples) | {100 * r['acc']:.2f} | "
                      f"{100 * r['acc_norm']:.2f} | `{name}` |")
     lines += [f"| {model} | {acc:.2f} | {acc_norm:.2f} | {source} |" for model, acc, acc_norm, source in ANCHORS]
-    if plot:
-        lines += ["", "## Loss curve", "", f"![loss curve]({PLOT})", "", f"`{PLOT}`: {plot.rsplit(' -> ', 1)[0]}"]
-    return "\n".join(lines) + "\n"
+    if sources.get("skipped_results"):
+        lines += ["", f"Not eval.py results, skipped: {sources['skipped_results']}."]
+    return lines
 
 
 def write_report(src: str) -> str:
     """Write report.md and loss.png into the run folder `src` (local or s3://); returns the report's location."""
     with tempfile.TemporaryDirectory(prefix="report-") as tmp:
-        info, rows, results, sources = read_run(src)
+        info, metrics, results, sources = read_run(src)
         local = Path(tmp) if storage.is_remote(src) else Path(storage.local_path(src))
-        plot_file = plot(rows, local / PLOT, str(info.get("config", {}).get("run_name"))) \
-            if any("loss" in r for r in rows) else None
-        atomic_write_text(local / REPORT, render(info, rows, results, sources, plot_file))
+        config = info.get("config") if isinstance(info.get("config"), dict) else {}
+        plot_file = plot(metrics, local / PLOT, str(config.get("run_name"))) if len(metrics.train[0]) else None
+        atomic_write_text(local / REPORT, render(info, metrics, results, sources, plot_file))
         if storage.is_remote(src):
             folder = storage.folder(src)
             for name in (REPORT, PLOT):
@@ -135,23 +248,21 @@ def moving_average(values: list[float], window: int) -> list[float]:
     return out
 
 
-def plot(rows: list[dict], out: Path, title: str) -> str:
-    """Write the loss curve of these metrics.jsonl rows to the PNG `out`; return the one-line summary."""
+def plot(metrics: Metrics, out: Path, title: str) -> str:
+    """Write the loss curve of these metrics to the PNG `out`; return the one-line summary."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    # A resumed run repeats the batches after its last checkpoint: the last row of each batch wins.
-    train = sorted({r["batch"]: r["loss"] for r in rows if "loss" in r}.items())
-    val = sorted({r["batch"]: r["val_loss"] for r in rows if "val_loss" in r}.items())
-    xs, ys = zip(*train)
-    smooth = moving_average(list(ys), WINDOW)
+    train, val = metrics.train, metrics.val
+    (xs, ys), (val_xs, val_ys) = train, val
+    smooth = moving_average(ys.tolist(), WINDOW)
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
     ax.plot(xs, ys, color="tab:blue", alpha=0.25, linewidth=0.8, label="train loss")
     ax.plot(xs, smooth, color="tab:blue", linewidth=1.8, label=f"train loss ({WINDOW}-batch mean)")
-    if val:
-        ax.plot(*zip(*val), "o-", color="tab:orange", label="val loss")
+    if len(val_xs):
+        ax.plot(val_xs, val_ys, "o-", color="tab:orange", label="val loss")
     ax.set_xlabel("batch")
     ax.set_ylabel("cross-entropy (nats/token)")
     ax.set_title(title)
@@ -161,6 +272,6 @@ def plot(rows: list[dict], out: Path, title: str) -> str:
     with atomic_path(out) as tmp:
         fig.savefig(tmp, format="png")
     plt.close(fig)
-    first, last = sum(ys[:WINDOW]) / len(ys[:WINDOW]), sum(ys[-WINDOW:]) / len(ys[-WINDOW:])
-    return (f"plot_loss: {len(train)} batches, train loss {first:.3f} -> {last:.3f}"
-            + (f", last val loss {val[-1][1]:.3f}" if val else "") + f" -> {out}")
+    first, last = float(ys[:WINDOW].mean()), float(ys[-WINDOW:].mean())
+    return (f"plot_loss: {len(xs)} batches, train loss {first:.3f} -> {last:.3f}"
+            + (f", last val loss {val_ys[-1]:.3f}" if len(val_xs) else "") + f" -> {out}")

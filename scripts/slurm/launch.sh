@@ -12,6 +12,13 @@ nodes=${SLURM_NNODES:?launch.sh runs inside a Slurm job (SLURM_NNODES is not set
 node_rank=${SLURM_NODEID:?launch.sh runs inside a Slurm job step (SLURM_NODEID is not set)}
 nproc=${NPROC_PER_NODE:-${SLURM_GPUS_ON_NODE:-1}}
 master_addr=${MASTER_ADDR:-$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)}
-master_port=${MASTER_PORT:-$((20000 + ${SLURM_JOB_ID:-0} % 20000))}  # one port per job, the same on every node
+# One port per job, the same on every node, below Linux's ephemeral range (32768-60999), where the kernel picks the
+# ports of outgoing connections; train.sbatch asks for whole nodes (--exclusive), so no other job's master shares it.
+master_port=${MASTER_PORT:-$((10000 + ${SLURM_JOB_ID:-0} % 20000))}
+if [ "$node_rank" -eq 0 ] && (exec 3<>"/dev/tcp/127.0.0.1/$master_port") 2>/dev/null; then
+    echo "launch.sh: port $master_port is already in use on $(hostname) (another job on this node?): set" \
+         "MASTER_PORT to a free port, or run on whole nodes (sbatch --exclusive)" >&2
+    exit 2
+fi
 exec python -m pilegpt.launch --world_size "$((nodes * nproc))" --nproc "$nproc" --node_rank "$node_rank" \
     --master_addr "$master_addr" --master_port "$master_port" "$repo/train.py" "$@"

@@ -1,0 +1,62 @@
+"""The exit status of `python -m pilegpt.launch` is the first failing rank's own, so that a scheduler requeues only
+a preemption: 2 for a config error, 137 for a rank SIGKILLed (what the OOM killer sends), never the 143 echo of the
+SIGTERM the launcher sends the other ranks after a failure (issue 31, item 2)."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from helpers import REPO, SMALL, write_random_bin
+from pilegpt.launch import job_status
+
+ARGS = [*SMALL, "--device=cpu", "--sample_length=0", "--progress_bar=False", "--eval_interval=1000ba",
+        "--save_interval=1000ba", "--max_duration=400ba", "--run_name=st"]
+
+
+def launch(tmp_path, *args, nproc=2):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": f"{REPO / 'tests'}{os.pathsep}{REPO}"}
+    out = open(tmp_path / "out.txt", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "pilegpt.launch", "-n", str(nproc), str(REPO / "train.py"), *args],
+                            cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    out.close()
+    return proc
+
+
+def finish(proc, timeout=240) -> int:
+    try:
+        return proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def test_first_failure_wins_over_the_sigterm_echo():
+    assert job_status({"first_failures": {1: 2}}, 143) == 2
+    assert job_status({"first_failures": {1: -9}}, 143) == 137
+    assert job_status({"first_failures": {0: 143, 1: 143}}, 143) == 143
+    assert job_status({}, 0) == 0 and job_status({}, -15) == 143
+
+
+@pytest.mark.slow
+def test_a_config_error_on_every_rank_exits_2(tmp_path):
+    assert finish(launch(tmp_path, *ARGS, "--data_dir=nowhere", "--n_layers=3")) == 2
+    assert "n_layers" in (tmp_path / "out.txt").read_text()
+
+
+@pytest.mark.slow
+def test_a_sigkilled_rank_exits_137_not_143(tmp_path):
+    data = write_random_bin(tmp_path / "d")
+    proc = launch(tmp_path, *ARGS, f"--data_dir={data}", "--callbacks={'faults:SlowBatches': {'seconds': 0.2}}")
+    metrics, deadline = tmp_path / "runs" / "st" / "metrics.jsonl", time.time() + 180
+    while not (metrics.is_file() and metrics.read_text().count("\n") >= 2) and time.time() < deadline:
+        assert proc.poll() is None, (tmp_path / "out.txt").read_text()[-3000:]
+        time.sleep(0.2)
+    ranks = {int(p.environ().get("RANK", -1)): p for p in psutil.Process(proc.pid).children()}
+    os.kill(ranks[1].pid, signal.SIGKILL)  # the OOM killer's signal, to rank 1 alone
+    assert finish(proc) == 137, (tmp_path / "out.txt").read_text()[-3000:]
