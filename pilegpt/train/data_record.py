@@ -77,20 +77,25 @@ def differences(saved: dict, now: dict) -> list[str]:
     if now["format"] == "bin":
         found = [f"{k}={now[k]!r} (the run had {saved.get(k)!r})" for k in ("tokenizer", "vocab_size", "eot_token",
                                                                              "dtype") if saved.get(k) != now[k]]
-        for split in SPLITS:
-            was, new = saved.get("splits", {}).get(split), now["splits"].get(split)
-            if was is None or new is None:
-                found += [f"{split} split {'added' if was is None else 'removed'}"] if was != new else []
-            elif was.get("tokens") != new["tokens"]:
-                found.append(f"{new['file']} holds {new['tokens']:,} tokens (the run had {was.get('tokens'):,})")
-            elif was.get("fingerprint") != new["fingerprint"]:
-                found.append(f"{new['file']} holds other tokens (same count, another fingerprint)")
-        return found
+        was = saved.get("splits", {})
+        return found + [change for split in SPLITS
+                        if (change := split_change(split, was.get(split), now["splits"].get(split)))]
     was_roots, new_roots = saved.get("roots", []), now["roots"]
     if len(was_roots) != len(new_roots):
         return [f"{len(new_roots)} MDS roots (the run had {len(was_roots)})"]
     return [f"{new['root']}/{split}/index.json lists other shards" for was, new in zip(was_roots, new_roots)
             for split in SPLITS if was.get(split) != new[split]]
+
+
+def split_change(split: str, was: Optional[dict], new: Optional[dict]) -> Optional[str]:
+    """How one split of a .bin record differs from the run's (`was`), or None."""
+    if was is None or new is None:
+        return f"{split} split {'added' if was is None else 'removed'}" if was != new else None
+    if was.get("tokens") != new["tokens"]:
+        return f"{new['file']} holds {new['tokens']:,} tokens (the run had {was.get('tokens'):,})"
+    if was.get("fingerprint") != new["fingerprint"]:
+        return f"{new['file']} holds other tokens (same count, another fingerprint)"
+    return None
 
 
 def check_resume(record: dict, save_folder: str, ok: bool) -> Optional[str]:
