@@ -24,7 +24,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
-from typing import Any
+from typing import Any, Optional
 
 from pilegpt.common import UserError
 
@@ -99,18 +99,21 @@ def _unknown(setting: str, name: Any, known: list[str], hint: str = "") -> str:
 
 def check_algorithms(specs: dict, grad_clip: float) -> list[str]:
     """What is wrong with an `algorithms` setting, as one message per entry (TrainConfig joins them)."""
-    errors = []
-    for name, kwargs in specs.items():
-        if name in NOT_FOR_THIS_MODEL:
-            errors.append(f"algorithms: {name} cannot apply to this GPT: {NOT_FOR_THIS_MODEL[name]}")
-        elif name not in ALGORITHMS:
-            errors.append(_unknown("algorithms", name, list(ALGORITHMS)))
-        elif not isinstance(kwargs, dict):
-            errors.append(f"algorithms: {name}: {kwargs!r} must be a dict of keyword arguments, e.g. {{}}")
-        elif name == "gradient_clipping" and grad_clip > 0:
-            errors.append(f"algorithms: gradient_clipping and grad_clip={grad_clip} would both clip: pass "
-                          "--grad_clip=0 to clip as the gradient_clipping entry says, or drop the entry")
-    return errors
+    return [error for name, kwargs in specs.items() if (error := algorithm_error(name, kwargs, grad_clip))]
+
+
+def algorithm_error(name: Any, kwargs: Any, grad_clip: float) -> Optional[str]:
+    """What is wrong with one entry of `algorithms`, or None."""
+    if name in NOT_FOR_THIS_MODEL:
+        return f"algorithms: {name} cannot apply to this GPT: {NOT_FOR_THIS_MODEL[name]}"
+    if name not in ALGORITHMS:
+        return _unknown("algorithms", name, list(ALGORITHMS))
+    if not isinstance(kwargs, dict):
+        return f"algorithms: {name}: {kwargs!r} must be a dict of keyword arguments, e.g. {{}}"
+    if name == "gradient_clipping" and grad_clip > 0:
+        return (f"algorithms: gradient_clipping and grad_clip={grad_clip} would both clip: pass --grad_clip=0 to "
+                "clip as the gradient_clipping entry says, or drop the entry")
+    return None
 
 
 def check_callbacks(specs: dict) -> list[str]:
@@ -137,12 +140,10 @@ def _construct(kind: str, name: str, cls: type, kwargs: dict) -> Any:
 
 
 def build_algorithms(cfg, device: str, precision: str) -> list:
-    """grad_clip's GradientClipping (the default, as always), then cfg.algorithms in the order written."""
+    """The algorithms cfg.algorithms turns on, in the order written (grad_clip's clipping is train.py's own)."""
     import composer.algorithms
 
     algorithms = []
-    if cfg.grad_clip:
-        algorithms.append(composer.algorithms.GradientClipping(clipping_type="norm", clipping_threshold=cfg.grad_clip))
     for name, kwargs in cfg.algorithms.items():  # names were checked with the config (check_algorithms)
         if name == "low_precision_layernorm" and precision not in ("amp_bf16", "amp_fp16"):
             raise UserError(f"algorithms: low_precision_layernorm runs LayerNorm in bf16/fp16 under autocast and "
