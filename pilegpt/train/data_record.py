@@ -1,18 +1,8 @@
 """What a run trains on, recorded in its save_folder (`data.json`, local or s3://) and compared when it resumes: an
 autoresume on other data is refused in one line unless `data_changed_ok=True` says the change is intended.
 
-    record = describe(cfg)                       # the identity of cfg's data (MDS: every index read and checked)
-    note = check_resume(record, "runs/x", ok=False)   # UserError if it differs from runs/x/data.json
-    write(record, "runs/x")
-
-What counts as "the same data" is the content, not where it lies (a dataset moved or copied to another disk or
-bucket is the same data):
-- .bin: meta.json's tokenizer, vocab_size, eot_token and dtype, and per split its token count and a fingerprint:
-  the file's size and the sha256 of FINGERPRINT_PIECES pieces of FINGERPRINT_PIECE bytes spread evenly over it
-  (the first and the last included). Cheap on the Pile's 600 GB; a change that keeps the size and all those
-  pieces (a rewrite of a few tokens in between) is not seen.
-- MDS: per root, in order, per split: the sha256 of the shard list its index.json gives (every shard's name, size
-  and the hashes to_mds stored), which changes with any rebuilt shard.
+    record = describe(cfg); note = check_resume(record, "runs/x", ok=False); write(record, "runs/x")
+What counts as "the same data": `describe`; docs/training.md.
 """
 
 from __future__ import annotations
@@ -53,8 +43,17 @@ def index_digest(index: bytes) -> str:
 
 
 def describe(cfg) -> dict:
-    """The identity of the data a TrainConfig reads (see the module docstring). For MDS, every split's index of
-    every root is read and its shard names checked (loaders.read_mds_indexes) before Streaming touches anything."""
+    """The identity of the data a TrainConfig reads. For MDS, every split's index of every root is read and its
+    shard names checked (loaders.read_mds_indexes) before Streaming touches anything.
+
+    What counts as "the same data" is the content, not where it lies (a dataset moved or copied to another disk or
+    bucket is the same data):
+    - .bin: meta.json's tokenizer, vocab_size, eot_token and dtype, and per split its token count and a fingerprint:
+      the file's size and the sha256 of FINGERPRINT_PIECES pieces of FINGERPRINT_PIECE bytes spread evenly over it
+      (the first and the last included). Cheap on the Pile's 600 GB; a change that keeps the size and all those
+      pieces (a rewrite of a few tokens in between) is not seen.
+    - MDS: per root, in order, per split: the sha256 of the shard list its index.json gives (every shard's name,
+      size and the hashes to_mds stored), which changes with any rebuilt shard."""
     if cfg.data_remote is None and loaders.detect_format(cfg.data_dir, cfg.data_format) == "bin":
         folder = Path(cfg.data_dir)
         meta = Meta.read(folder) if (folder / META_NAME).is_file() else nanogpt_meta(folder)

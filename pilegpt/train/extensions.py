@@ -1,22 +1,8 @@
 """Composer algorithms and callbacks by name: what train.py's `algorithms` and `callbacks` settings turn on.
 
-    algorithms = {"ema": {"half_life": "1000ba"}, "sam": {"rho": 0.05}}          # in a config file
-    callbacks = {"optimizer_monitor": {}, "my_pkg.my_module:MyCallback": {"every": 10}}
-    python train.py config/tiny.py --algorithms="{'ema': {'half_life': '10ba'}}"   # on the command line
-
-    algorithms = build_algorithms(cfg, device, precision)   # grad_clip's GradientClipping, then cfg.algorithms
-    callbacks = build_callbacks(cfg.callbacks, device, {"train": [...], "val": [...]})
-
-A name is Composer's own snake_case module name: composer/algorithms/ema -> "ema",
-composer/callbacks/early_stopper.py -> "early_stopper"; the value is the class's keyword arguments. A
-callback of your own is "module.path:ClassName" (the module importable, e.g. on PYTHONPATH).
-
-ALGORITHMS are the Composer algorithms that apply to model.py's GPT (nn.Linear, nn.LayerNorm, nn.Embedding,
-SDPA attention, tanh GELU) and its {"x", "y"} batches of token ids; NOT_FOR_THIS_MODEL says for every other
-Composer algorithm why not (README "Extending training" shows both). Every mistake is a one-line UserError
-naming the entry and the fix: names when the config is read (`check_algorithms`, `check_callbacks`, called by
-TrainConfig), device, precision and arguments in `build_*`, before the Trainer starts. Composer is imported
-inside the functions, so importing this module costs nothing.
+    algorithms = {"ema": {"half_life": "1000ba"}}; callbacks = {"optimizer_monitor": {}, "my_pkg.mod:MyCallback": {}}
+Each mistake is a one-line UserError before training: names in `check_*` (with the config), the rest in `build_*`.
+What is supported and why the other Composer algorithms are not: docs/extending.md.
 """
 
 from __future__ import annotations
@@ -28,7 +14,12 @@ from typing import Any, Optional
 
 from pilegpt.common import UserError
 
-# name -> class in composer.algorithms
+# A name is Composer's own snake_case module name (composer/algorithms/ema -> "ema", composer/callbacks/
+# early_stopper.py -> "early_stopper"); the value in a setting is the class's keyword arguments. A callback of the
+# user's own is "module.path:ClassName" (the module importable, e.g. on PYTHONPATH).
+
+# name -> class in composer.algorithms: those that apply to model.py's GPT (nn.Linear, nn.LayerNorm, nn.Embedding,
+# SDPA attention, tanh GELU) and its {"x", "y"} batches of token ids
 ALGORITHMS = {
     "ema": "EMA",  # evaluates, checkpoints and exports an exponential moving average of the weights
     "gradient_clipping": "GradientClipping",  # other clipping types than grad_clip's norm clipping
@@ -141,7 +132,7 @@ def _construct(kind: str, name: str, cls: type, kwargs: dict) -> Any:
 
 def build_algorithms(cfg, device: str, precision: str) -> list:
     """The algorithms cfg.algorithms turns on, in the order written (grad_clip's clipping is train.py's own)."""
-    import composer.algorithms
+    import composer.algorithms  # here, not at the top: TrainConfig imports this module to check names
 
     algorithms = []
     for name, kwargs in cfg.algorithms.items():  # names were checked with the config (check_algorithms)
@@ -164,7 +155,7 @@ def build_callbacks(specs: dict, device: str, metric_names: dict[str, list[str]]
 
     metric_names: the metrics of each dataloader label ("train", and "val" when there is a validation
     split), which early_stopper and threshold_stopper must watch."""
-    import composer.callbacks
+    import composer.callbacks  # here, not at the top: TrainConfig imports this module to check names
     from composer.core import Callback
 
     callbacks = []
