@@ -133,6 +133,7 @@ class Pretrained(NamedTuple):
 
 
 class Optimization(NamedTuple):
+    """How the weights move: the Trainer's optimizer, schedule and algorithms (build_optimizer)."""
     optimizer: torch.optim.Optimizer
     scheduler: CosineAnnealingWithWarmupScheduler
     algorithms: list  # Composer algorithms, applied in this order at each event
