@@ -7,47 +7,8 @@ Usage:
     composer -n 2 train.py config/tiny.py                           # 2 CPU processes (gloo), for testing
     python train.py --help                                          # every setting, its default and meaning
 
-Configuration: `TrainConfig` (pilegpt/train/config.py) is the one list of settings, with nanoGPT's names. Config
-files (config/*.py) are plain Python assignments, applied in the order given, then `--key=value` arguments;
-unknown keys and wrong types are errors (see pilegpt/train/config.py). `.env` in the working directory is loaded
-first, so config files can read S3 settings and paths from the environment.
-
-Data (a batch is {"x": LongTensor (B, T), "y": LongTensor (B, T)}, y = x shifted by one token):
-    data_dir=DIR           DIR/train.bin (+ val.bin, meta.json) from prepare_data.py: sample i is the
-                           window tokens[i*T : i*T+T+1] (pilegpt/train/loaders.py: non-overlapping windows,
-                           shuffled every epoch, each token seen once per epoch, ranks never overlap);
-                           or DIR/train/ (+ DIR/val/) MDS folders from to_mds.py.
-    data_remote=ROOT       MDS root(s) holding train/ (+ val/): a local folder or s3://bucket/prefix, read by
-                           Streaming's StreamingDataset with a local cache under data_local; a list of roots
-                           is read as several streams of one dataset.
-A missing validation split just means no evaluation.
-
-Starting weights: init_from=gpt2 (-medium, -large, -xl), a Hugging Face GPT-2 folder, or a pile-gpt model.pt /
-checkpoint / run folder (local or s3://) starts from those weights, in their shape (pilegpt/hf.py load_pretrained);
-the optimizer and schedule start fresh, and a run that autoresumes keeps its own checkpoint instead.
-
-Extensions: algorithms={"ema": {"half_life": "1000ba"}} and callbacks={"optimizer_monitor": {}, "pkg.mod:Class": {}}
-turn on Composer's algorithms and callbacks by name, and callbacks of your own
-(pilegpt/train/extensions.py; docs/extending.md). grad_clip's norm clipping is always on unless grad_clip=0.
-
-Outputs (save_folder, local or s3://; default runs/{run_name}):
-    ep{E}-ba{B}-rank{R}.pt, latest-rank0.pt   Composer checkpoints (every save_interval and at the end), with
-                                              the model's shape (model_args) for sample.py and export_hf.py
-    model.pt                                  weights-only export for sample.py (same schedule)
-    config.json                               the final config, library versions, git commit
-    metrics.jsonl                             one JSON line per batch: loss, lr, tokens, throughput, and at each
-                                              evaluation every eval set's loss and bpb (val_loss, val_bpb, ...)
-    report.md, loss.png                       the run in one page (report.py), written at the end
-    logs/{start time}-rank{R}.txt             Composer's file log, one per process and start
-    .lock                                     the run that holds the folder, while it runs (pilegpt/train/lock.py)
-    data.json                                 what the run trains on; autoresume refuses other data
-                                              (pilegpt/train/data_record.py; data_changed_ok=True if intended)
-With an s3:// save_folder, config.json, model.pt, metrics.jsonl, the report and the logs go to runs/{run_name}
-locally and uploaded (metrics as logs/{start time}-metrics.jsonl). Re-running with autoresume=True continues
-from the last checkpoint, data position included (metrics.jsonl then repeats the batches after it).
-SIGTERM (a scheduler's preemption notice): every rank stops after the current batch, which is checkpointed (and
-uploaded), and train.py exits with status 143 and one line saying to resume with --autoresume=True
-(pilegpt/train/preemption.py; with several processes launch with `python -m pilegpt.launch`, which forwards SIGTERM).
+Data, starting weights, outputs, resuming and preemption: docs/training.md. The step, in plain PyTorch:
+pilegpt/train/plain_loop.py.
 """
 
 from __future__ import annotations
@@ -67,25 +28,24 @@ import os
 import platform
 import subprocess
 import time
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import numpy as np
 import torch
 from composer import Trainer
+from composer.algorithms import GradientClipping
 from composer.callbacks import LRMonitor, MemoryMonitor, RuntimeEstimator, SpeedMonitor
-from composer.core import Evaluator
+from composer.core import DataSpec, Evaluator
 from composer.loggers import FileLogger, LoggerDestination
 from composer.models import ComposerModel
 from composer.optim import CosineAnnealingWithWarmupScheduler
-from composer.utils import dist, reproducibility
+from composer.utils import reproducibility
 
 from model import GPT, Block, GPTConfig
-from pilegpt import compat, storage
-from pilegpt.checkpoint import EXPORT_NAME, existing_checkpoints
+from pilegpt.checkpoint import EXPORT_NAME
 from pilegpt.common import (
     UserError,
     atomic_write_text,
-    check_writable_folder,
     failed_write,
     load_dotenv_file,
     mask_secrets,
@@ -95,9 +55,10 @@ from pilegpt.common import (
 from pilegpt.hf import load_pretrained
 from pilegpt.launch import die_with_launcher
 from pilegpt.s3 import lost_connection
-from pilegpt.train import cluster, data_record, lock
+from pilegpt.train import cluster, run_folder
 from pilegpt.train.callbacks import ExportModel, HellaSwagEval, MetricsLog, SampleText, StopOnNonFinite, build_loggers
-from pilegpt.train.config import SHAPE_FIELDS, TrainConfig, config_text, config_values, make_config
+from pilegpt.train.cluster import World
+from pilegpt.train.config import TrainConfig, config_text, config_values, make_config
 from pilegpt.train.extensions import build_algorithms, build_callbacks
 from pilegpt.train.loaders import (
     build_dataloaders,
@@ -105,15 +66,13 @@ from pilegpt.train.loaders import (
     data_tokenizer,
     eval_batch_size,
     eval_batches_per_rank,
-    refresh_mds_cache,
 )
 from pilegpt.train.metrics import BitsPerByte, CrossEntropyFromLoss, PerplexityFromLoss, token_bytes
 from pilegpt.train.preemption import PREEMPTED, StopOnSignal
 from pilegpt.train.report import PLOT, REPORT, write_report
-from pilegpt.train.resume import set_aside_broken_checkpoints
+from pilegpt.train.run_folder import CONFIG_JSON, RunFolder
 from pilegpt.train.run_uploads import S3Uploads, checkpoint_uploads
 
-CONFIG_JSON = "config.json"
 METRICS_JSONL = "metrics.jsonl"
 
 
@@ -165,9 +124,63 @@ class ComposerGPT(ComposerModel):
 
 
 # ----------------------------------------------------------------------------------------------------------
+# The run, step by step
 
-def resolve_system(cfg: TrainConfig, local_world: int) -> tuple[str, str]:
+class Pretrained(NamedTuple):
+    """init_from's weights, read with the config (they fix the model's shape) and loaded once the model exists."""
+    model: Optional[GPT]  # None: init_from=scratch
+    origin: str  # where they come from, for the line that says what the run starts from
+
+
+class Optimization(NamedTuple):
+    """How the weights move: the Trainer's optimizer, schedule and algorithms (build_optimizer)."""
+    optimizer: torch.optim.Optimizer
+    scheduler: CosineAnnealingWithWarmupScheduler
+    algorithms: list  # Composer algorithms, applied in this order at each event
+
+
+class Outputs(NamedTuple):
+    """What the Trainer reports to, and the parts of it that the end of the run reads."""
+    loggers: list
+    callbacks: list
+    metrics_log: MetricsLog  # last_eval: the validation figures of the summary line
+    preemption: StopOnSignal  # stopped_at: whether SIGTERM ended the run
+    uploads: Optional[S3Uploads]  # an s3:// run's uploader (one of the loggers too), else None
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    die_with_launcher()  # started by pilegpt.launch: a SIGKILLed launcher leaves no rank training on
+    with contextlib.ExitStack() as held:  # what the run holds (its save_folder's lock), released however it ends
+        cfg, pretrained = read_config(argv)
+        world = World.from_env()  # the launcher (composer -n N) sets it for each process
+        device, precision = resolve_system(cfg, world)
+        folder = run_folder.prepare(cfg, world, device, held)  # lock, checkpoint repairs, refusals, data record
+        cfg = folder.cfg
+        if world.rank == 0:
+            print(f"train.py: {world.size} process(es) on {device}, precision {precision}; config:\n"
+                  + mask_secrets(config_text(cfg)), flush=True)
+        model = build_model(cfg, pretrained, folder, world)
+        del pretrained  # its weights are in the model now (or not wanted): free them
+        trainer, out = build_trainer(cfg, model, folder, world, device, precision)
+        return fit_and_report(trainer, out, cfg, folder, world, device, precision)
+
+
+def read_config(argv: Optional[Sequence[str]]) -> tuple[TrainConfig, Pretrained]:
+    """.env, then the config files and --key=value arguments in the order given, then init_from's weights."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    load_dotenv_file()  # before the config files, which may read S3 settings and paths from the environment
+    values = config_values(argv)
+    # init_from: start from trained weights, in their shape (hf.load_pretrained reads GPT-2 by name, a
+    # Hugging Face folder or a pile-gpt run); config values that contradict the shape are an error.
+    init_from = values.get("init_from", "scratch")
+    source, origin = load_pretrained(init_from) if init_from != "scratch" else (None, "")
+    cfg = make_config(values, source.config if source is not None else None)
+    return cfg, Pretrained(source, origin)
+
+
+def resolve_system(cfg: TrainConfig, world: World) -> tuple[str, str]:
     """(device, precision) from the settings and the machine; CPU set-up on CPU."""
+    cfg.per_rank_batch(world.size)  # refuses a global batch that does not split over the processes
     device = cfg.device if cfg.device != "auto" else ("gpu" if torch.cuda.is_available() else "cpu")
     if device == "gpu" and not torch.cuda.is_available():
         raise UserError("device='gpu' but CUDA is not available: pass --device=cpu")
@@ -182,9 +195,159 @@ def resolve_system(cfg: TrainConfig, local_world: int) -> tuple[str, str]:
             raise UserError("fsdp=True needs GPUs: pass --fsdp=False on CPU")
         if cfg.cpu_malloc_tune:
             tune_glibc_malloc()
-        if local_world > 1 and "OMP_NUM_THREADS" not in os.environ:
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))  # do not oversubscribe cores
+        if world.local_size > 1 and "OMP_NUM_THREADS" not in os.environ:
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world.local_size))  # do not oversubscribe cores
     return device, precision
+
+
+def build_model(cfg: TrainConfig, pretrained: Pretrained, folder: RunFolder, world: World) -> ComposerGPT:
+    """model.py's GPT in its Composer wrapper, with init_from's weights unless autoresume continues a checkpoint."""
+    source, origin = pretrained
+    if source is not None and folder.resuming:  # the checkpoint wins
+        source, origin = None, f"not loaded: autoresume continues from the checkpoint in {folder.save_folder}"
+    elif source is not None and cfg.block_size < source.config.block_size:
+        source.crop_block_size(cfg.block_size)
+    reproducibility.seed_all(cfg.seed)  # identical initial weights on every rank
+    model = ComposerGPT(cfg.model_config(), data_tokenizer(cfg))
+    if source is not None:  # weights only: the optimizer and the schedule start fresh
+        model.model.load_state_dict(source.state_dict())
+        origin = f"{source.num_params() / 1e6:.2f}M weights from {origin}"
+    if cfg.init_from != "scratch" and world.rank == 0:
+        print(f"init_from={cfg.init_from}: {origin}", flush=True)
+    return model
+
+
+def build_trainer(cfg: TrainConfig, model: ComposerGPT, folder: RunFolder, world: World, device: str,
+                  precision: str) -> tuple[Trainer, Outputs]:
+    """The Composer Trainer: data and evaluators, optimizer, loggers and callbacks, checkpoints in save_folder
+    (with autoresume, the Trainer loads the latest one there)."""
+    train_data, evaluators = build_data(cfg, model, world, device)
+    optimization = build_optimizer(cfg, model, device, precision)
+    out = build_outputs(cfg, model, folder, device, evaluators)
+    microbatch = cfg.device_train_microbatch_size
+    with checkpoint_uploads(out.uploads) if out.uploads is not None else contextlib.nullcontext():
+        trainer = Trainer(
+            model=model, train_dataloader=train_data, eval_dataloader=evaluators,
+            eval_interval=cfg.eval_interval if evaluators else 1,
+            eval_subset_num_batches=cfg.eval_subset_num_batches if evaluators else -1,
+            max_duration=cfg.max_duration, optimizers=optimization.optimizer, schedulers=optimization.scheduler,
+            algorithms=optimization.algorithms, device=device, precision=precision,
+            device_train_microbatch_size=min(microbatch, cfg.per_rank_batch(world.size))
+            if isinstance(microbatch, int) else "auto",
+            compile_config={} if cfg.compile else None,
+            parallelism_config={"fsdp": {"sharding_strategy": "FULL_SHARD", "mixed_precision": "DEFAULT",
+                                         "state_dict_type": "full"}} if cfg.fsdp else None,
+            save_folder=folder.save_folder, save_interval=cfg.save_interval, save_overwrite=cfg.save_overwrite,
+            # an s3:// run keeps no local copies: each checkpoint leaves the saver's folder for the upload
+            save_num_checkpoints_to_keep=cfg.save_num_checkpoints_to_keep if out.uploads is None else -1,
+            autoresume=cfg.autoresume, run_name=cfg.run_name, seed=cfg.seed,
+            callbacks=out.callbacks, loggers=out.loggers, progress_bar=cfg.progress_bar, log_to_console=False,
+        )
+    if out.uploads is not None:
+        out.uploads.take_saver_copies(trainer, folder.remote.prefix)
+    return trainer, out
+
+
+def build_data(cfg: TrainConfig, model: ComposerGPT, world: World,
+               device: str) -> tuple[DataSpec, Optional[list[Evaluator]]]:
+    """The training batches, and an evaluator for the data's val split and each named eval_data set."""
+    pin = device == "gpu"
+    train_data, val_data = build_dataloaders(cfg, world.size, world.rank, pin_memory=pin)
+    eval_sets = {"val": val_data} if val_data is not None else {}
+    eval_sets.update({label: build_eval_loader(cfg, location, world.size, world.rank, pin_memory=pin)
+                      for label, location in cfg.eval_data.items()})  # named sets: owt_loss, owt_bpb, ...
+    evaluators = [Evaluator(label=label, dataloader=spec, metric_names=list(model.eval_metrics),
+                            subset_num_batches=eval_batches_per_rank(cfg, spec, world.size))  # a global amount
+                  for label, spec in eval_sets.items()] or None
+    if val_data is None and world.rank == 0:
+        print("no validation split in the data: training without evaluation on it", flush=True)
+    return train_data, evaluators
+
+
+def build_optimizer(cfg: TrainConfig, model: ComposerGPT, device: str, precision: str) -> Optimization:
+    """AdamW, gradient clipping and the learning-rate schedule (pilegpt/train/plain_loop.py does the same by hand),
+    then the user's algorithms (cfg.algorithms)."""
+    # weight decay on the 2-D weights only: GPT.optim_groups puts each parameter in exactly one of two groups
+    optimizer = torch.optim.AdamW(model.model.optim_groups(cfg.weight_decay), lr=cfg.learning_rate,
+                                  betas=(cfg.beta1, cfg.beta2), fused=device == "gpu")
+    # the gradients' global norm clipped to grad_clip after the backward pass, before the optimizer step
+    # (Composer's GradientClipping runs at AFTER_TRAIN_BATCH); grad_clip=0 turns it off
+    clipping = [GradientClipping(clipping_type="norm", clipping_threshold=cfg.grad_clip)] if cfg.grad_clip else []
+    # linear warmup to learning_rate over `warmup`, then a cosine decay to min_lr at max_duration
+    scheduler = CosineAnnealingWithWarmupScheduler(t_warmup=cfg.warmup, alpha_f=cfg.min_lr / cfg.learning_rate)
+    # Composer applies algorithms in list order at each event: the clipping first, then the user's
+    return Optimization(optimizer, scheduler, [*clipping, *build_algorithms(cfg, device, precision)])
+
+
+def build_outputs(cfg: TrainConfig, model: ComposerGPT, folder: RunFolder, device: str,
+                  evaluators: Optional[list[Evaluator]]) -> Outputs:
+    """The loggers (an s3:// run's uploads, the file log, metrics.jsonl, the trackers) and the callbacks: train.py's,
+    then those cfg.callbacks names."""
+    start, run_dir = time.strftime("%Y%m%d-%H%M%S"), folder.run_dir
+    os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
+    metrics_log = MetricsLog(os.path.join(run_dir, METRICS_JSONL), cfg.log_interval, print_steps=not cfg.progress_bar,
+                             remote_name=folder.remote_name(f"logs/{start}-{METRICS_JSONL}"))
+    uploads = S3Uploads(folder.remote.bucket) if folder.remote else None  # checkpoints, config, model.pt, logs
+    loggers = [*([uploads] if uploads is not None else []),
+               FileLogger(filename=os.path.join(run_dir, "logs", f"{start}-rank{{rank}}.txt"),
+                          remote_file_name=folder.remote_name(f"logs/{start}-rank{{rank}}.txt")),
+               metrics_log, *build_loggers(cfg)]
+    # StopOnNonFinite comes before ExportModel: it checks the weights the export is about to write (and Composer
+    # runs its CheckpointSaver after every callback)
+    callbacks = [SpeedMonitor(window_size=cfg.speed_window), LRMonitor(), RuntimeEstimator(time_unit="seconds"),
+                 StopOnNonFinite(cfg.learning_rate, cfg.save_interval), preemption := StopOnSignal(),
+                 ExportModel(cfg.save_interval, run_dir, folder.remote_name(EXPORT_NAME))]
+    if device == "gpu":
+        callbacks.append(MemoryMonitor())
+    if cfg.hellaswag_examples:
+        callbacks.append(HellaSwagEval(cfg.hellaswag_examples, cfg.hellaswag_data, eval_batch_size(cfg)))
+    if cfg.sample_length:
+        callbacks.append(SampleText(cfg.sample_prompt, cfg.sample_length, cfg.block_size, seed=cfg.seed))
+    metrics = {"train": list(model.train_metrics), **{e.label: list(model.eval_metrics) for e in evaluators or []}}
+    extra = build_callbacks(cfg.callbacks, device, metrics)  # the metrics early_stopper can watch
+    # A Composer callback named in cfg.callbacks (e.g. speed_monitor) replaces the default one of its class above;
+    # a user's LoggerDestination joins the loggers (it then receives metrics and hyperparameters too).
+    callbacks = [c for c in callbacks if type(c) not in {type(e) for e in extra}]
+    callbacks += [c for c in extra if not isinstance(c, LoggerDestination)]
+    loggers += [c for c in extra if isinstance(c, LoggerDestination)]
+    if not any(getattr(c, "dataloader_label", None) == "train" for c in callbacks):
+        model.train_metrics = {}  # no stopper watches them: Composer would update, compute and log them every batch
+    return Outputs(loggers, callbacks, metrics_log, preemption, uploads)
+
+
+def fit_and_report(trainer: Trainer, out: Outputs, cfg: TrainConfig, folder: RunFolder, world: World, device: str,
+                   precision: str) -> int:
+    """Record the run (config.json), train to max_duration, write the report and the summary; the exit status."""
+    try:
+        write_run_info(trainer, cfg, folder, world, device, precision)
+        state = trainer.state
+        if state.timestamp.get(state.max_duration.unit) >= state.max_duration:
+            if world.rank == 0:
+                print(f"{cfg.run_name}: already trained for {state.max_duration} (checkpoint in "
+                      f"{folder.save_folder}); nothing to do. Raise --max_duration to train longer.", flush=True)
+            trainer.close()
+            if out.uploads is not None:
+                out.uploads.finish()
+            return 0
+        start_batch, start_tokens, t0 = int(state.timestamp.batch), int(state.timestamp.token), time.time()
+        if start_batch and world.rank == 0:
+            print(f"{cfg.run_name}: resuming from the checkpoint at batch {start_batch} ({start_tokens:,} tokens) "
+                  f"in {folder.save_folder}, training to {state.max_duration}", flush=True)
+        fit(trainer, folder)
+        finish(trainer, out, folder, world)
+        if out.preemption.stopped_at is not None:  # SIGTERM: the checkpoint of that batch is written (and uploaded)
+            out.preemption.finish()
+            if world.rank == 0:
+                print(f"{cfg.run_name}: stopped by SIGTERM after batch {out.preemption.stopped_at}, checkpoint saved "
+                      f"in {folder.save_folder}; to continue, run the same command with --autoresume=True (exit "
+                      f"status {PREEMPTED})", flush=True)
+            return PREEMPTED
+    finally:
+        if out.uploads is not None:  # the local copies go, also when the run fails
+            out.uploads.shutdown()
+    if world.rank == 0:
+        print_summary(state, start_batch, start_tokens, time.time() - t0, out.metrics_log, folder)
+    return 0
 
 
 def run_info(cfg: TrainConfig, world_size: int, device: str, precision: str) -> dict:
@@ -203,228 +366,55 @@ def run_info(cfg: TrainConfig, world_size: int, device: str, precision: str) -> 
             "started": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
-def check_same_model(cfg: TrainConfig, run_dir: str, save_folder: str) -> None:
-    """Autoresume loads the checkpoint into this config's model: refuse, in one line, a model of another shape
-    than the one the run's config.json records (Composer itself fails with a KeyError deep in the load)."""
-    path = os.path.join(run_dir, CONFIG_JSON)
-    if not os.path.isfile(path):
-        return
-    saved = json.loads(open(path).read()).get("config", {})
-    changed = [f"{k}={getattr(cfg, k)!r} (the run has {saved[k]!r})" for k in SHAPE_FIELDS
-               if k in saved and saved[k] != getattr(cfg, k)]
-    if changed:
-        raise UserError(f"autoresume: the checkpoints in {save_folder} are of "
-                        f"another model: {', '.join(changed)}; resume with the run's settings ({path}) or start a "
-                        "new run with another --run_name")
+def write_run_info(trainer: Trainer, cfg: TrainConfig, folder: RunFolder, world: World, device: str,
+                   precision: str) -> None:
+    """config.json beside the checkpoints (rank 0), and every setting to the trackers (W&B, MLflow, TensorBoard)."""
+    if world.rank == 0:
+        path = os.path.join(folder.run_dir, CONFIG_JSON)
+        atomic_write_text(path, mask_secrets(json.dumps(run_info(cfg, world.size, device, precision), indent=2)) + "\n")
+        if folder.remote:
+            trainer.logger.upload_file(folder.remote_name(CONFIG_JSON), path, overwrite=True)
+    trainer.logger.log_hyperparameters(dataclasses.asdict(cfg))
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    die_with_launcher()  # started by pilegpt.launch: a SIGKILLed launcher leaves no rank training on
-    with contextlib.ExitStack() as held:  # what the run holds (its save_folder's lock), released however it ends
-        return run(argv, held)
-
-
-def run(argv: Optional[Sequence[str]], held: contextlib.ExitStack) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    load_dotenv_file()  # before the config files, which may read S3 settings and paths from the environment
-    values = config_values(argv)
-    # init_from: start from trained weights, in their shape (hf.load_pretrained reads GPT-2 by name, a
-    # Hugging Face folder or a pile-gpt run); config values that contradict the shape are an error.
-    init_from = values.get("init_from", "scratch")
-    source, origin = load_pretrained(init_from) if init_from != "scratch" else (None, "")
-    cfg = make_config(values, source.config if source is not None else None)
-    # the launcher (composer -n N) sets these for each process
-    world_size, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    nodes, per_rank = max(1, world_size // local_world), cfg.per_rank_batch(world_size)
-    device, precision = resolve_system(cfg, local_world)
-
-    # Where the run's files go: save_folder holds the checkpoints; run_dir the export, config and logs
-    # (the same folder, or a local one that is uploaded beside the checkpoints of an s3:// save_folder).
-    save_folder = cfg.save_folder.format(run_name=cfg.run_name)
-    remote = storage.folder(save_folder) if storage.is_remote(save_folder) else None  # an s3.S3Dir
-    def remote_name(name: str) -> Optional[str]:  # noqa: E306  the object key of a run file, when remote
-        return remote.key(name) if remote else None
-    run_dir = os.path.join("runs", cfg.run_name or "run") if remote else save_folder
-    check_writable_folder(run_dir, "save_folder" if run_dir == save_folder else "the run's local folder",
-                          "choose another --save_folder or --run_name" if run_dir == save_folder else
-                          "run train.py from a folder you can write in")
-    if nodes > 1:  # a local save_folder must be one folder every node sees (rank 0 alone writes it), else refused
-        cluster.check_shared_save_folder(save_folder, device, world_size, local_world)
-        held.enter_context(compat.node_signal_files_per_node())  # Composer's waits across nodes (compat.py)
-    if rank == 0:
-        held.enter_context(lock.hold(save_folder, cfg.run_name))  # a second run into save_folder is refused
-    if cfg.autoresume:  # a kill during a checkpoint write leaves a truncated file that autoresume trips over
-        if rank == 0 and (note := set_aside_broken_checkpoints(save_folder)):
-            print(f"{cfg.run_name}: {note}", flush=True)
-        if world_size > 1:  # the other ranks wait for rank 0's repair before anyone reads a checkpoint
-            dist.initialize_dist(device)
-            dist.barrier()
-    found = existing_checkpoints(save_folder)  # one listing (a request on S3) serves every check below
-    if found and not cfg.autoresume and not cfg.save_overwrite:
-        raise UserError(f"{save_folder} already holds checkpoints ({found[0]}...): pass --autoresume=True to "
-                        "continue that run, --save_overwrite=True to start over, or another --run_name/--save_folder")
-    if found and cfg.autoresume:
-        check_same_model(cfg, run_dir, save_folder)
-    data = data_record.describe(cfg)  # what the run trains on (MDS: every index read, its shard names checked)
-    note = data_record.check_resume(data, save_folder, cfg.data_changed_ok) if found and cfg.autoresume else None
-    if data["format"] == "mds":  # the sample order is the run's, on any number of nodes (data_record.py)
-        cfg = dataclasses.replace(cfg, num_canonical_nodes=data_record.canonical_nodes(
-            cfg, save_folder if found and cfg.autoresume else None, nodes))
-        data["num_canonical_nodes"] = cfg.num_canonical_nodes
-    if rank == 0:
-        if note:
-            print(note, flush=True)
-        data_record.write(data, save_folder)
-    if data["format"] == "mds":  # a cache of an older version of the data is emptied before Streaming reads it
-        if int(os.environ.get("LOCAL_RANK", "0")) == 0:
-            for cache in refresh_mds_cache(cfg):
-                print(f"note: {cache} held shards of an older version of the data: emptied, to be read again")
-        if world_size > 1:
-            dist.initialize_dist(device)
-            dist.barrier()
-    if source is not None and cfg.autoresume and found:  # the checkpoint wins
-        source, origin = None, f"not loaded: autoresume continues from the checkpoint in {save_folder}"
-    elif source is not None and cfg.block_size < source.config.block_size:
-        source.crop_block_size(cfg.block_size)
-    if rank == 0:
-        print(f"train.py: {world_size} process(es) on {device}, precision {precision}; config:\n"
-              + mask_secrets(config_text(cfg)), flush=True)
-
-    # Model, data, optimizer
-    reproducibility.seed_all(cfg.seed)  # identical initial weights on every rank
-    model = ComposerGPT(cfg.model_config(), data_tokenizer(cfg))
-    if source is not None:  # weights only: the optimizer and the schedule start fresh
-        model.model.load_state_dict(source.state_dict())
-        origin, source = f"{source.num_params() / 1e6:.2f}M weights from {origin}", None
-    if cfg.init_from != "scratch" and rank == 0:
-        print(f"init_from={cfg.init_from}: {origin}", flush=True)
-    train_spec, val_spec = build_dataloaders(cfg, world_size, rank, pin_memory=device == "gpu")
-    eval_sets = {"val": val_spec} if val_spec is not None else {}
-    eval_sets.update({label: build_eval_loader(cfg, location, world_size, rank, pin_memory=device == "gpu")
-                      for label, location in cfg.eval_data.items()})  # named sets: owt_loss, owt_bpb, ...
-    evaluators = [Evaluator(label=label, dataloader=spec, metric_names=list(model.eval_metrics),
-                            subset_num_batches=eval_batches_per_rank(cfg, spec, world_size))  # a global amount
-                  for label, spec in eval_sets.items()] or None
-    eval_interval, eval_batches = (cfg.eval_interval, cfg.eval_subset_num_batches) if evaluators else (1, -1)
-    if val_spec is None and rank == 0:
-        print("no validation split in the data: training without evaluation on it", flush=True)
-    optimizer = torch.optim.AdamW(model.model.optim_groups(cfg.weight_decay), lr=cfg.learning_rate,
-                                  betas=(cfg.beta1, cfg.beta2), fused=device == "gpu")
-    scheduler = CosineAnnealingWithWarmupScheduler(t_warmup=cfg.warmup, alpha_f=cfg.min_lr / cfg.learning_rate)
-    algorithms = build_algorithms(cfg, device, precision)  # grad_clip's GradientClipping, then cfg.algorithms
-
-    # Logs and callbacks
-    start = time.strftime("%Y%m%d-%H%M%S")
-    os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
-    metrics_log = MetricsLog(os.path.join(run_dir, METRICS_JSONL), cfg.log_interval, print_steps=not cfg.progress_bar,
-                             remote_name=remote_name(f"logs/{start}-{METRICS_JSONL}"))
-    loggers = [FileLogger(filename=os.path.join(run_dir, "logs", f"{start}-rank{{rank}}.txt"),
-                          remote_file_name=remote_name(f"logs/{start}-rank{{rank}}.txt")),
-               metrics_log, *build_loggers(cfg)]
-    uploads = S3Uploads(remote.bucket) if remote else None  # checkpoints, config, model.pt, logs
-    if uploads is not None:
-        loggers.insert(0, uploads)
-    callbacks = [SpeedMonitor(window_size=cfg.speed_window), LRMonitor(), RuntimeEstimator(time_unit="seconds"),
-                 StopOnNonFinite(cfg.learning_rate, cfg.save_interval), preemption := StopOnSignal(),
-                 ExportModel(cfg.save_interval, run_dir, remote_name(EXPORT_NAME))]
-    if device == "gpu":
-        callbacks.append(MemoryMonitor())
-    if cfg.hellaswag_examples:
-        callbacks.append(HellaSwagEval(cfg.hellaswag_examples, cfg.hellaswag_data, eval_batch_size(cfg)))
-    if cfg.sample_length:
-        callbacks.append(SampleText(cfg.sample_prompt, cfg.sample_length, cfg.block_size, seed=cfg.seed))
-    metrics = {"train": list(model.train_metrics), **{label: list(model.eval_metrics) for label in eval_sets}}
-    extra = build_callbacks(cfg.callbacks, device, metrics)  # the metrics early_stopper can watch
-    # A Composer callback named in cfg.callbacks (e.g. speed_monitor) replaces the default one of its class above;
-    # a user's LoggerDestination joins the loggers (it then receives metrics and hyperparameters too).
-    callbacks = [c for c in callbacks if type(c) not in {type(e) for e in extra}]
-    callbacks += [c for c in extra if not isinstance(c, LoggerDestination)]
-    loggers += [c for c in extra if isinstance(c, LoggerDestination)]
-    if not any(getattr(c, "dataloader_label", None) == "train" for c in callbacks):
-        model.train_metrics = {}  # no stopper watches them: Composer would update, compute and log them every batch
-
-    with checkpoint_uploads(uploads) if uploads is not None else contextlib.nullcontext():
-        trainer = Trainer(
-            model=model, train_dataloader=train_spec, eval_dataloader=evaluators,
-            eval_interval=eval_interval, eval_subset_num_batches=eval_batches,
-            max_duration=cfg.max_duration, optimizers=optimizer, schedulers=scheduler, algorithms=algorithms,
-            device=device, precision=precision,
-            device_train_microbatch_size=min(cfg.device_train_microbatch_size, per_rank)
-            if isinstance(cfg.device_train_microbatch_size, int) else "auto",
-            compile_config={} if cfg.compile else None,
-            parallelism_config={"fsdp": {"sharding_strategy": "FULL_SHARD", "mixed_precision": "DEFAULT",
-                                         "state_dict_type": "full"}} if cfg.fsdp else None,
-            save_folder=save_folder, save_interval=cfg.save_interval, save_overwrite=cfg.save_overwrite,
-            # an s3:// run keeps no local copies: each checkpoint leaves the saver's folder for the upload (uploads.py)
-            save_num_checkpoints_to_keep=cfg.save_num_checkpoints_to_keep if uploads is None else -1,
-            autoresume=cfg.autoresume, run_name=cfg.run_name, seed=cfg.seed,
-            callbacks=callbacks, loggers=loggers, progress_bar=cfg.progress_bar, log_to_console=False,
-        )
-    if uploads is not None:
-        uploads.take_saver_copies(trainer, remote.prefix)
+def fit(trainer: Trainer, folder: RunFolder) -> None:
+    """trainer.fit(); a lost S3 connection, a lost node or a full disk is one line, not a traceback."""
     try:
-        if dist.get_global_rank() == 0:  # the run's config, versions and commit, beside its checkpoints
-            config_path = os.path.join(run_dir, CONFIG_JSON)
-            atomic_write_text(config_path, mask_secrets(json.dumps(run_info(cfg, world_size, device, precision),
-                                                                   indent=2)) + "\n")
-            if remote:
-                trainer.logger.upload_file(remote_name(CONFIG_JSON), config_path, overwrite=True)
-        trainer.logger.log_hyperparameters(dataclasses.asdict(cfg))  # every setting, to W&B / MLflow / TensorBoard
+        trainer.fit()
+    except Exception as e:
+        if isinstance(e, UserError):
+            raise
+        if (full := failed_write(e, folder.run_dir if folder.remote else folder.save_folder)) is not None:
+            raise UserError(f"{full}: free space on that disk (or choose another --save_folder), then re-run "
+                            "with --autoresume=True: it continues from the last whole checkpoint") from None
+        if (line := cluster.lost_peer(e) or lost_connection(e, "to S3 during training")) is None:
+            raise
+        raise UserError(line) from None
 
-        # Train
-        state = trainer.state
-        if state.timestamp.get(state.max_duration.unit) >= state.max_duration:
-            if dist.get_global_rank() == 0:
-                print(f"{cfg.run_name}: already trained for {state.max_duration} (checkpoint in {save_folder}); "
-                      f"nothing to do. Raise --max_duration to train longer.", flush=True)
-            trainer.close()
-            if uploads is not None:
-                uploads.finish()
-            return 0
-        start_batch, start_tokens, t0 = int(state.timestamp.batch), int(state.timestamp.token), time.time()
-        if start_batch and dist.get_global_rank() == 0:
-            print(f"{cfg.run_name}: resuming from the checkpoint at batch {start_batch} ({start_tokens:,} tokens) "
-                  f"in {save_folder}, training to {state.max_duration}", flush=True)
-        try:
-            trainer.fit()
-        except Exception as e:  # a lost S3 connection or a full disk is one line, not a traceback
-            if isinstance(e, UserError):
-                raise
-            if (full := failed_write(e, save_folder if not remote else run_dir)) is not None:
-                raise UserError(f"{full}: free space on that disk (or choose another --save_folder), then re-run "
-                                "with --autoresume=True: it continues from the last whole checkpoint") from None
-            if (line := cluster.lost_peer(e) or lost_connection(e, "to S3 during training")) is None:
-                raise
-            raise UserError(line) from None
-        trainer.close()
-        if dist.get_global_rank() == 0:  # report.md: what a person reads instead of the logs (report.py)
-            write_report(run_dir)
-            for name in (REPORT, PLOT) if uploads is not None else ():
-                uploads.upload_file_async(remote_name(name), os.path.join(run_dir, name), overwrite=True)
-        if uploads is not None:  # every checkpoint, model.pt, log and the report is in the bucket before "done"
-            uploads.finish()
-        if preemption.stopped_at is not None:  # SIGTERM: the checkpoint of that batch is written (and uploaded)
-            preemption.finish()
-            if dist.get_global_rank() == 0:
-                print(f"{cfg.run_name}: stopped by SIGTERM after batch {preemption.stopped_at}, checkpoint saved in "
-                      f"{save_folder}; to continue, run the same command with --autoresume=True (exit status "
-                      f"{PREEMPTED})", flush=True)
-            return PREEMPTED
-    finally:
-        if uploads is not None:  # the local copies go, also when the run fails
-            uploads.shutdown()
-    if dist.get_global_rank() == 0:
-        seconds = time.time() - t0
-        batches, tokens = int(state.timestamp.batch) - start_batch, int(state.timestamp.token) - start_tokens
-        loss = state.total_loss_dict.get("loss/train/total", math.nan) if state.total_loss_dict else math.nan
-        last = metrics_log.last_eval
-        val = "".join(f", {k.replace('_', ' ')} {last[k]:.4f}" for k in ("val_loss", "val_bpb") if k in last)
-        resumed = f" (resumed at batch {start_batch})" if start_batch else ""
-        print(f"done: {batches} batches, {tokens:,} tokens in {seconds:.1f} s ({tokens / max(seconds, 1e-9):,.0f} "
-              f"tokens/s){resumed}; train loss {loss:.4f}{val}; export {os.path.join(save_folder, EXPORT_NAME)}",
-              flush=True)
-    return 0
+
+def finish(trainer: Trainer, out: Outputs, folder: RunFolder, world: World) -> None:
+    """Close the trainer, write report.md (what a person reads instead of the logs: report.py), and wait until
+    every checkpoint, model.pt, log and the report is in the bucket of an s3:// run."""
+    trainer.close()
+    if world.rank == 0:
+        write_report(folder.run_dir)
+        for name in (REPORT, PLOT) if out.uploads is not None else ():
+            out.uploads.upload_file_async(folder.remote_name(name), os.path.join(folder.run_dir, name), overwrite=True)
+    if out.uploads is not None:
+        out.uploads.finish()
+
+
+def print_summary(state, start_batch: int, start_tokens: int, seconds: float, metrics_log: MetricsLog,
+                  folder: RunFolder) -> None:
+    """The run's last line: what it trained, how fast, its last losses and where its export is."""
+    batches, tokens = int(state.timestamp.batch) - start_batch, int(state.timestamp.token) - start_tokens
+    loss = state.total_loss_dict.get("loss/train/total", math.nan) if state.total_loss_dict else math.nan
+    last = metrics_log.last_eval
+    val = "".join(f", {k.replace('_', ' ')} {last[k]:.4f}" for k in ("val_loss", "val_bpb") if k in last)
+    resumed = f" (resumed at batch {start_batch})" if start_batch else ""
+    print(f"done: {batches} batches, {tokens:,} tokens in {seconds:.1f} s ({tokens / max(seconds, 1e-9):,.0f} "
+          f"tokens/s){resumed}; train loss {loss:.4f}{val}; export {os.path.join(folder.save_folder, EXPORT_NAME)}",
+          flush=True)
 
 
 if __name__ == "__main__":

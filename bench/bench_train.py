@@ -11,9 +11,9 @@ Both sides run the same settings (SETTINGS: config/tiny.py at 4 layers x 128, vo
 so that load from other processes hits both alike:
     train.py      `python train.py config/tiny.py ...`: the Composer Trainer with every default callback, plus
                   bench/step_clock.py's StepClock (by import path) to read the clocks at each batch's end
-    plain loop    this file's `plain_loop`: model.py's GPT, forward, backward, clip_grad_norm_, AdamW step, loss.item()
-                  per batch over train.py's own .bin loader; the same seed, optimizer groups, learning-rate schedule
-                  and malloc settings (common.tune_glibc_malloc) as train.py
+    plain loop    pilegpt/train/plain_loop.py: model.py's GPT, forward, backward, clip_grad_norm_, AdamW step,
+                  loss.item() per batch over train.py's own .bin loader; the same seed, optimizer groups,
+                  learning-rate schedule and malloc settings (common.tune_glibc_malloc) as train.py
 A run's step time is the median over the batches after --skip of the wall-clock time between consecutive batch
 ends, and of the process's CPU time likewise (CPU time is the steadier figure when other processes share the cores;
 with more than one thread it also counts OpenMP's spinning). Start-up, imports and the first slow steps do not
@@ -76,49 +76,23 @@ VARIANTS = {  # name: (extra environment, extra train.py settings)
 
 
 def plain_loop(argv: Sequence[str]) -> None:
-    """The baseline: model.py trained by hand, as nanoGPT's train.py does, on train.py's settings and batches.
-    argv: train.py's arguments (config file, --key=value). Writes to save_folder: steps.jsonl (batch, tokens, time_s,
-    cpu_s at each batch's end, as step_clock.StepClock for train.py), and metrics.jsonl once the first batch is done."""
-    import torch
-
-    from model import GPT
+    """One run of the baseline, pilegpt/train/plain_loop.py, on train.py's arguments (config file, --key=value) and
+    malloc settings. Writes to save_folder: steps.jsonl (batch, tokens, loss, time_s, cpu_s at each batch's end, as
+    step_clock.StepClock for train.py), and metrics.jsonl once the first batch is done."""
     from pilegpt.common import tune_glibc_malloc
+    from pilegpt.train import plain_loop as loop
     from pilegpt.train.config import config_values, make_config
-    from pilegpt.train.loaders import build_dataloaders
 
     cfg = make_config(config_values(argv))
     if cfg.cpu_malloc_tune:
         tune_glibc_malloc()
-    torch.manual_seed(cfg.seed)
-    model = GPT(cfg.model_config())
-    optimizer = torch.optim.AdamW(model.optim_groups(cfg.weight_decay), lr=cfg.learning_rate,
-                                  betas=(cfg.beta1, cfg.beta2))
-    loader = build_dataloaders(cfg, 1, 0, pin_memory=False)[0].dataloader
-    max_batches, warmup = int(cfg.max_duration.rstrip("ba")), int(cfg.warmup.rstrip("ba"))
-
-    def lr(it: int) -> float:  # linear warmup, then cosine decay to min_lr (train.py's schedule)
-        if it < warmup:
-            return cfg.learning_rate * it / warmup
-        decay = 0.5 * (1 + math.cos(math.pi * (it - warmup) / max(1, max_batches - warmup)))
-        return cfg.min_lr + (cfg.learning_rate - cfg.min_lr) * decay
-
     out = Path(cfg.save_folder)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for it, batch in enumerate(loader):
-        if it == max_batches:
-            break
-        for group in optimizer.param_groups:  # train.py's too: Composer steps its scheduler after a batch, at the
-            group["lr"] = lr(max(0, it - 1))  # timestamp of the batch before, so batch it trains at lr(it - 1)
-        _, loss = model(batch["x"], targets=batch["y"])
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg.grad_clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optimizer.step()
-        rows.append({"batch": it + 1, "tokens": (it + 1) * batch["x"].numel(), "loss": loss.item(),
-                     "time_s": time.time(), "cpu_s": time.process_time()})
-        if it == 0:  # the first batch is done: run_once times the start-up by this file's appearance
+    for batch, tokens, loss in loop.train(cfg):
+        rows.append({"batch": batch, "tokens": tokens, "loss": loss, "time_s": time.time(),
+                     "cpu_s": time.process_time()})
+        if batch == 1:  # the first batch is done: run_once times the start-up by this file's appearance
             (out / "metrics.jsonl").write_text(json.dumps(rows[0]) + "\n")
     (out / "steps.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
 

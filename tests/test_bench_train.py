@@ -1,5 +1,5 @@
-"""bench/bench_train.py: its plain PyTorch loop, the baseline train.py is measured against, trains on the same
-batches with the same initial weights and schedule as train.py (so the two time the same work)."""
+"""pilegpt/train/plain_loop.py, the plain PyTorch loop bench/bench_train.py measures train.py against, trains on the
+same batches with the same initial weights and schedule as train.py: the same losses (so the two time the same work)."""
 
 import importlib.util
 import sys

@@ -83,9 +83,11 @@ def test_gradient_clipping_adds_to_grad_clip_only_when_grad_clip_is_off():
 
 def test_the_default_run_clips_by_grad_clip_and_adds_nothing():
     # What the golden losses depend on: one norm clipping at grad_clip, no other algorithm, no other callback.
-    [clip] = extensions.build_algorithms(config(), "cpu", "fp32")
+    model = train.ComposerGPT(train.GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=256))
+    [clip] = train.build_optimizer(config(), model, "cpu", "fp32").algorithms  # built beside the optimizer
     assert (type(clip).__name__, clip.clipping_type, clip.clipping_threshold) == ("GradientClipping", "norm", 1.0)
-    assert extensions.build_algorithms(config("--grad_clip=0"), "cpu", "fp32") == []
+    assert train.build_optimizer(config("--grad_clip=0"), model, "cpu", "fp32").algorithms == []
+    assert extensions.build_algorithms(config(), "cpu", "fp32") == []
     assert extensions.build_callbacks({}, "cpu", {"train": ["LanguageCrossEntropy"]}) == []
 
 

@@ -1,16 +1,7 @@
-"""What runs beside the training loop: train.py's Composer callbacks and loggers.
+"""What runs beside the training loop: train.py's Composer callbacks and loggers (docs/training.md).
 
-- `SampleText`: a short text sample from the model after each evaluation and at the end (rank 0 prints it).
-- `ExportModel`: the weights-only model.pt (checkpoint.save_export) every save_interval and at the end.
-- `HellaSwagEval`: HellaSwag accuracy at every evaluation (hellaswag_examples), as eval.py scores it.
-- `StopOnNonFinite`: ends the run at the first NaN/inf loss, or NaN/inf weights about to be saved.
-- `MetricsLog`: one JSON line per batch in metrics.jsonl (loss, lr, tokens/s, MFU, val loss), and the
-  one-line step log when the progress bar is off.
-- `build_loggers`: W&B, TensorBoard, MLflow, by setting. (Composer's algorithms and callbacks by name, and the
-  user's callbacks by import path, are extensions.py's.)
-
-Each is a Composer `Callback` or `LoggerDestination`: it acts on the events it defines a method for
-(`eval_after_all`, `fit_end`, `batch_checkpoint`, ...) and sees the trainer's `State`.
+SampleText, ExportModel (model.pt), HellaSwagEval, StopOnNonFinite, MetricsLog (metrics.jsonl, the step log) and
+build_loggers (W&B, TensorBoard, MLflow). Composer's own, by name, and the user's are extensions.py's.
 """
 
 from __future__ import annotations

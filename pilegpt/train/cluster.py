@@ -1,20 +1,13 @@
-"""What a job of several nodes needs that a job on one machine does not.
+"""The job's processes and nodes, and what a job of several nodes needs that a job on one machine does not.
 
-- `check_shared_save_folder`: rank 0 alone writes the checkpoints, model.pt, config.json and metrics. With a local
-  save_folder, they land on node 0's disk only, and a relaunch that puts rank 0 on another machine cannot resume;
-  so a job of several nodes with a local save_folder must see one folder from every node (a shared filesystem), or
-  use s3://. Checked before training: rank 0 writes a marker file of a name made for this start, every node's
-  first process looks for it, and without it the job is refused in one line on every rank.
-- `lost_peer`: when a node goes away (a machine lost, its processes killed), the other ranks' next collective fails
-  (gloo: "Connection closed by peer"; NCCL: its watchdog's timeout). Such an error becomes one line saying that
-  the job lost a process and how to continue, instead of a traceback on every surviving rank.
+See docs/clusters.md (several nodes, a shared save_folder, a lost node).
 """
 
 from __future__ import annotations
 
 import os
 import secrets
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from composer.utils import dist
 
@@ -28,8 +21,33 @@ LOST_PEER_SIGNS = ("Connection closed by peer", "Connection reset by peer", "NCC
                    "Watchdog caught collective operation timeout", "Socket Timeout")
 
 
+class World(NamedTuple):
+    """This process's place in the job, as the launcher (composer -n N, pilegpt.launch, Slurm) sets it."""
+    size: int  # processes in the job
+    rank: int  # this process's, 0 .. size - 1
+    local_size: int  # processes on this node
+    local_rank: int  # this process's on its node
+
+    @classmethod
+    def from_env(cls) -> "World":
+        """The job as the launcher's environment gives it; one process when launched without one."""
+        env = os.environ.get
+        return cls(int(env("WORLD_SIZE", "1")), int(env("RANK", "0")), int(env("LOCAL_WORLD_SIZE", "1")),
+                   int(env("LOCAL_RANK", "0")))
+
+    @property
+    def nodes(self) -> int:
+        return max(1, self.size // self.local_size)
+
+
 def check_shared_save_folder(save_folder: str, device: str, world_size: int, local_world: int) -> None:
-    """Refuse (UserError on every rank) a job of several nodes whose local save_folder the nodes do not share."""
+    """Refuse (UserError on every rank) a job of several nodes whose local save_folder the nodes do not share.
+
+    Rank 0 alone writes the checkpoints, model.pt, config.json and metrics. With a local save_folder they land on
+    node 0's disk only, and a relaunch that puts rank 0 on another machine cannot resume; so a job of several nodes
+    with a local save_folder must see one folder from every node (a shared filesystem), or use s3://. Rank 0 writes
+    a marker file of a name made for this start, every node's first process looks for it, and without it the job
+    is refused in one line on every rank."""
     if world_size <= local_world or storage.is_remote(save_folder):  # one node, or s3://: nothing to share
         return
     dist.initialize_dist(device)
@@ -56,7 +74,11 @@ def check_shared_save_folder(save_folder: str, device: str, world_size: int, loc
 
 
 def lost_peer(e: BaseException) -> Optional[str]:
-    """One line if `e` (or what caused it) says another process of the job is gone, else None."""
+    """One line if `e` (or what caused it) says another process of the job is gone, else None.
+
+    When a node goes away (a machine lost, its processes killed), the other ranks' next collective fails (gloo:
+    "Connection closed by peer"; NCCL: its watchdog's timeout): that error becomes one line saying that the job
+    lost a process and how to continue, instead of a traceback on every surviving rank."""
     if not dist.is_initialized() or dist.get_world_size() < 2:
         return None
     seen = set()

@@ -1,18 +1,8 @@
 """What a run trains on, recorded in its save_folder (`data.json`, local or s3://) and compared when it resumes: an
 autoresume on other data is refused in one line unless `data_changed_ok=True` says the change is intended.
 
-    record = describe(cfg)                       # the identity of cfg's data (MDS: every index read and checked)
-    note = check_resume(record, "runs/x", ok=False)   # UserError if it differs from runs/x/data.json
-    write(record, "runs/x")
-
-What counts as "the same data" is the content, not where it lies (a dataset moved or copied to another disk or
-bucket is the same data):
-- .bin: meta.json's tokenizer, vocab_size, eot_token and dtype, and per split its token count and a fingerprint:
-  the file's size and the sha256 of FINGERPRINT_PIECES pieces of FINGERPRINT_PIECE bytes spread evenly over it
-  (the first and the last included). Cheap on the Pile's 600 GB; a change that keeps the size and all those
-  pieces (a rewrite of a few tokens in between) is not seen.
-- MDS: per root, in order, per split: the sha256 of the shard list its index.json gives (every shard's name, size
-  and the hashes to_mds stored), which changes with any rebuilt shard.
+    record = describe(cfg); note = check_resume(record, "runs/x", ok=False); write(record, "runs/x")
+What counts as "the same data": `describe`; docs/training.md.
 """
 
 from __future__ import annotations
@@ -53,8 +43,17 @@ def index_digest(index: bytes) -> str:
 
 
 def describe(cfg) -> dict:
-    """The identity of the data a TrainConfig reads (see the module docstring). For MDS, every split's index of
-    every root is read and its shard names checked (loaders.read_mds_indexes) before Streaming touches anything."""
+    """The identity of the data a TrainConfig reads. For MDS, every split's index of every root is read and its
+    shard names checked (loaders.read_mds_indexes) before Streaming touches anything.
+
+    What counts as "the same data" is the content, not where it lies (a dataset moved or copied to another disk or
+    bucket is the same data):
+    - .bin: meta.json's tokenizer, vocab_size, eot_token and dtype, and per split its token count and a fingerprint:
+      the file's size and the sha256 of FINGERPRINT_PIECES pieces of FINGERPRINT_PIECE bytes spread evenly over it
+      (the first and the last included). Cheap on the Pile's 600 GB; a change that keeps the size and all those
+      pieces (a rewrite of a few tokens in between) is not seen.
+    - MDS: per root, in order, per split: the sha256 of the shard list its index.json gives (every shard's name,
+      size and the hashes to_mds stored), which changes with any rebuilt shard."""
     if cfg.data_remote is None and loaders.detect_format(cfg.data_dir, cfg.data_format) == "bin":
         folder = Path(cfg.data_dir)
         meta = Meta.read(folder) if (folder / META_NAME).is_file() else nanogpt_meta(folder)
@@ -77,20 +76,25 @@ def differences(saved: dict, now: dict) -> list[str]:
     if now["format"] == "bin":
         found = [f"{k}={now[k]!r} (the run had {saved.get(k)!r})" for k in ("tokenizer", "vocab_size", "eot_token",
                                                                              "dtype") if saved.get(k) != now[k]]
-        for split in SPLITS:
-            was, new = saved.get("splits", {}).get(split), now["splits"].get(split)
-            if was is None or new is None:
-                found += [f"{split} split {'added' if was is None else 'removed'}"] if was != new else []
-            elif was.get("tokens") != new["tokens"]:
-                found.append(f"{new['file']} holds {new['tokens']:,} tokens (the run had {was.get('tokens'):,})")
-            elif was.get("fingerprint") != new["fingerprint"]:
-                found.append(f"{new['file']} holds other tokens (same count, another fingerprint)")
-        return found
+        was = saved.get("splits", {})
+        return found + [change for split in SPLITS
+                        if (change := split_change(split, was.get(split), now["splits"].get(split)))]
     was_roots, new_roots = saved.get("roots", []), now["roots"]
     if len(was_roots) != len(new_roots):
         return [f"{len(new_roots)} MDS roots (the run had {len(was_roots)})"]
     return [f"{new['root']}/{split}/index.json lists other shards" for was, new in zip(was_roots, new_roots)
             for split in SPLITS if was.get(split) != new[split]]
+
+
+def split_change(split: str, was: Optional[dict], new: Optional[dict]) -> Optional[str]:
+    """How one split of a .bin record differs from the run's (`was`), or None."""
+    if was is None or new is None:
+        return f"{split} split {'added' if was is None else 'removed'}" if was != new else None
+    if was.get("tokens") != new["tokens"]:
+        return f"{new['file']} holds {new['tokens']:,} tokens (the run had {was.get('tokens'):,})"
+    if was.get("fingerprint") != new["fingerprint"]:
+        return f"{new['file']} holds other tokens (same count, another fingerprint)"
+    return None
 
 
 def check_resume(record: dict, save_folder: str, ok: bool) -> Optional[str]:

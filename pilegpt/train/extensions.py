@@ -1,22 +1,8 @@
 """Composer algorithms and callbacks by name: what train.py's `algorithms` and `callbacks` settings turn on.
 
-    algorithms = {"ema": {"half_life": "1000ba"}, "sam": {"rho": 0.05}}          # in a config file
-    callbacks = {"optimizer_monitor": {}, "my_pkg.my_module:MyCallback": {"every": 10}}
-    python train.py config/tiny.py --algorithms="{'ema': {'half_life': '10ba'}}"   # on the command line
-
-    algorithms = build_algorithms(cfg, device, precision)   # grad_clip's GradientClipping, then cfg.algorithms
-    callbacks = build_callbacks(cfg.callbacks, device, {"train": [...], "val": [...]})
-
-A name is Composer's own snake_case module name: composer/algorithms/ema -> "ema",
-composer/callbacks/early_stopper.py -> "early_stopper"; the value is the class's keyword arguments. A
-callback of your own is "module.path:ClassName" (the module importable, e.g. on PYTHONPATH).
-
-ALGORITHMS are the Composer algorithms that apply to model.py's GPT (nn.Linear, nn.LayerNorm, nn.Embedding,
-SDPA attention, tanh GELU) and its {"x", "y"} batches of token ids; NOT_FOR_THIS_MODEL says for every other
-Composer algorithm why not (docs/extending.md shows both). Every mistake is a one-line UserError
-naming the entry and the fix: names when the config is read (`check_algorithms`, `check_callbacks`, called by
-TrainConfig), device, precision and arguments in `build_*`, before the Trainer starts. Composer is imported
-inside the functions, so importing this module costs nothing.
+    algorithms = {"ema": {"half_life": "1000ba"}}; callbacks = {"optimizer_monitor": {}, "my_pkg.mod:MyCallback": {}}
+Each mistake is a one-line UserError before training: names in `check_*` (with the config), the rest in `build_*`.
+What is supported and why the other Composer algorithms are not: docs/extending.md.
 """
 
 from __future__ import annotations
@@ -24,11 +10,16 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
-from typing import Any
+from typing import Any, Optional
 
 from pilegpt.common import UserError
 
-# name -> class in composer.algorithms
+# A name is Composer's own snake_case module name (composer/algorithms/ema -> "ema", composer/callbacks/
+# early_stopper.py -> "early_stopper"); the value in a setting is the class's keyword arguments. A callback of the
+# user's own is "module.path:ClassName" (the module importable, e.g. on PYTHONPATH).
+
+# name -> class in composer.algorithms: those that apply to model.py's GPT (nn.Linear, nn.LayerNorm, nn.Embedding,
+# SDPA attention, tanh GELU) and its {"x", "y"} batches of token ids
 ALGORITHMS = {
     "ema": "EMA",  # evaluates, checkpoints and exports an exponential moving average of the weights
     "gradient_clipping": "GradientClipping",  # other clipping types than grad_clip's norm clipping
@@ -99,18 +90,21 @@ def _unknown(setting: str, name: Any, known: list[str], hint: str = "") -> str:
 
 def check_algorithms(specs: dict, grad_clip: float) -> list[str]:
     """What is wrong with an `algorithms` setting, as one message per entry (TrainConfig joins them)."""
-    errors = []
-    for name, kwargs in specs.items():
-        if name in NOT_FOR_THIS_MODEL:
-            errors.append(f"algorithms: {name} cannot apply to this GPT: {NOT_FOR_THIS_MODEL[name]}")
-        elif name not in ALGORITHMS:
-            errors.append(_unknown("algorithms", name, list(ALGORITHMS)))
-        elif not isinstance(kwargs, dict):
-            errors.append(f"algorithms: {name}: {kwargs!r} must be a dict of keyword arguments, e.g. {{}}")
-        elif name == "gradient_clipping" and grad_clip > 0:
-            errors.append(f"algorithms: gradient_clipping and grad_clip={grad_clip} would both clip: pass "
-                          "--grad_clip=0 to clip as the gradient_clipping entry says, or drop the entry")
-    return errors
+    return [error for name, kwargs in specs.items() if (error := algorithm_error(name, kwargs, grad_clip))]
+
+
+def algorithm_error(name: Any, kwargs: Any, grad_clip: float) -> Optional[str]:
+    """What is wrong with one entry of `algorithms`, or None."""
+    if name in NOT_FOR_THIS_MODEL:
+        return f"algorithms: {name} cannot apply to this GPT: {NOT_FOR_THIS_MODEL[name]}"
+    if name not in ALGORITHMS:
+        return _unknown("algorithms", name, list(ALGORITHMS))
+    if not isinstance(kwargs, dict):
+        return f"algorithms: {name}: {kwargs!r} must be a dict of keyword arguments, e.g. {{}}"
+    if name == "gradient_clipping" and grad_clip > 0:
+        return (f"algorithms: gradient_clipping and grad_clip={grad_clip} would both clip: pass --grad_clip=0 to "
+                "clip as the gradient_clipping entry says, or drop the entry")
+    return None
 
 
 def check_callbacks(specs: dict) -> list[str]:
@@ -137,12 +131,10 @@ def _construct(kind: str, name: str, cls: type, kwargs: dict) -> Any:
 
 
 def build_algorithms(cfg, device: str, precision: str) -> list:
-    """grad_clip's GradientClipping (the default, as always), then cfg.algorithms in the order written."""
-    import composer.algorithms
+    """The algorithms cfg.algorithms turns on, in the order written (grad_clip's clipping is train.py's own)."""
+    import composer.algorithms  # here, not at the top: TrainConfig imports this module to check names
 
     algorithms = []
-    if cfg.grad_clip:
-        algorithms.append(composer.algorithms.GradientClipping(clipping_type="norm", clipping_threshold=cfg.grad_clip))
     for name, kwargs in cfg.algorithms.items():  # names were checked with the config (check_algorithms)
         if name == "low_precision_layernorm" and precision not in ("amp_bf16", "amp_fp16"):
             raise UserError(f"algorithms: low_precision_layernorm runs LayerNorm in bf16/fp16 under autocast and "
@@ -163,7 +155,7 @@ def build_callbacks(specs: dict, device: str, metric_names: dict[str, list[str]]
 
     metric_names: the metrics of each dataloader label ("train", and "val" when there is a validation
     split), which early_stopper and threshold_stopper must watch."""
-    import composer.callbacks
+    import composer.callbacks  # here, not at the top: TrainConfig imports this module to check names
     from composer.core import Callback
 
     callbacks = []

@@ -1,24 +1,8 @@
 """A run holds its save_folder: one `.lock` file (local) or object (s3://) names the run that writes there, so that a
-second run into the same folder (the same command twice, a scheduler's duplicate, a colleague's run with the same
-name) is refused in one line instead of interleaving its checkpoints and metrics with the first one's.
+second run into the same folder is refused in one line instead of interleaving its checkpoints with the first one's.
 
-    with hold("runs/x", "x") as note:   # rank 0, before anything in the folder is read or repaired
-        ...                             # released on the way out: at the end, on an error, on Ctrl-C
-
-Taking it: the lock is created only if absent, through storage.py's `create` (local: O_CREAT|O_EXCL; S3: written,
-then read back and compared, as not every S3-compatible store has a create-if-absent: two runs starting within one
-round trip of each other can both believe they hold it). The holder rewrites its `heartbeat` every HEARTBEAT_S.
-
-A lock already there is judged by where its holder runs:
-- this machine (the same host name, PID namespace and boot), the process alive (its PID, with the start time the
-  lock records): refused at once, naming the holder.
-- this machine, the process gone (kill -9, a crash, a reboot): stale, taken over with a note, so an autoresume
-  after a kill works as before.
-- another machine: watched for WATCH_S. A heartbeat that moves is a live run: refused. One that stays still and is
-  older than STALE_AFTER_S is a dead run's (a preempted node): taken over with a note. A live run is recognised by
-  its heartbeat moving, so clocks that disagree never hand a live run's folder to another.
-- unreadable: refused, naming the file to delete.
-A run killed with SIGKILL leaves its lock behind: the next run judges it as above.
+    with hold("runs/x", "x"):   # rank 0, before anything in the folder is read or repaired; released on the way out
+How a lock left behind is judged (this machine or another, a heartbeat): `acquire`; docs/robustness.md.
 """
 
 from __future__ import annotations
@@ -124,7 +108,20 @@ def encode(record: dict) -> bytes:
 
 
 def acquire(save_folder: str, run_name: Optional[str], say: Callable[[str], None] = print) -> RunLock:
-    """Take save_folder's lock for this process, or raise a one-line UserError naming the run that holds it."""
+    """Take save_folder's lock for this process, or raise a one-line UserError naming the run that holds it.
+
+    The lock is created only if absent, through storage.py's `create` (local: O_CREAT|O_EXCL; S3: written, then read
+    back and compared, as not every S3-compatible store has a create-if-absent: two runs starting within one round
+    trip of each other can both believe they hold it). The holder rewrites its `heartbeat` every HEARTBEAT_S.
+    A lock already there is judged by where its holder runs:
+    - this machine (the same host name, PID namespace and boot), the process alive (its PID, with the start time
+      the lock records): refused at once, naming the holder.
+    - this machine, the process gone (kill -9, a crash, a reboot): stale, taken over with a note, so an autoresume
+      after a kill works.
+    - another machine: watched for WATCH_S (`watch`). A heartbeat that moves is a live run: refused. One that stays
+      still and is older than STALE_AFTER_S is a dead run's (a preempted node): taken over with a note. A live run
+      is recognised by its heartbeat moving, so clocks that disagree never hand a live run's folder to another.
+    - unreadable: refused, naming the file to delete."""
     folder = storage.folder(save_folder)
     where = storage.join(save_folder, LOCK_NAME)
     record = {"run_name": run_name, **machine(), "pid": os.getpid(), "pid_start": process_start(os.getpid()),

@@ -1,13 +1,7 @@
 """The metrics train.py reports on its evaluation sets: cross-entropy and perplexity from the loss the forward pass
-already computed, and bits per byte (bpb), the loss comparable across tokenizers.
+already computed, and bits per byte (bpb), the loss comparable across tokenizers (docs/evaluation.md).
 
-    metric = BitsPerByte(token_bytes("gpt2", vocab_size=50304))
-    metric.update(logits, targets)          # (B, T, V), (B, T)
-    metric.compute()                        # sum of the losses in bits / sum of the UTF-8 bytes of the targets
-
-bpb follows nanochat's definition: each target token's loss in nats, divided by ln 2, summed, over the total
-number of UTF-8 bytes those tokens stand for; tokens that stand for no text (<|endoftext|>, ids past the
-tokenizer's vocabulary) are left out of both sums.
+    metric = BitsPerByte(token_bytes("gpt2", vocab_size=50304)); metric.update(logits, targets); metric.compute()
 """
 
 from __future__ import annotations
@@ -58,7 +52,11 @@ def token_bytes(tokenizer: str, vocab_size: int) -> np.ndarray:
 
 
 class BitsPerByte(Metric):
-    """Bits per byte of the targets (see the module docstring), summed over batches and ranks."""
+    """Bits per byte of the targets, summed over batches and ranks: update(logits (B, T, V), targets (B, T)).
+
+    nanochat's definition: each target token's loss in nats, divided by ln 2, summed, over the total number of
+    UTF-8 bytes those tokens stand for; tokens that stand for no text (<|endoftext|>, ids past the tokenizer's
+    vocabulary) are left out of both sums."""
 
     full_state_update = False
 

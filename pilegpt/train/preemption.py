@@ -1,15 +1,6 @@
 """Preemption: a scheduler's SIGTERM (Slurm's --signal, Kubernetes before terminationGracePeriodSeconds) becomes a
 checkpoint at the end of the current batch and a distinct exit status, instead of a run that loses everything since
-its last periodic save.
-
-- `StopOnSignal`: the Composer callback train.py adds. The first SIGTERM sets a flag; at the end of every batch the
-  ranks agree (an all-reduce of the flag), so all of them stop after the same batch, and `State.stop_training()`
-  makes that batch the end of training: Composer's CheckpointSaver and ExportModel save at the end of training, and
-  FIT_END waits for the uploads. A second SIGTERM (more than 2 s after the first) ends the process at once; the
-  checkpoints already written stay whole (a file cut mid-write is set aside by autoresume: resume.py).
-- `PREEMPTED`: the exit status then, 143 (128 + SIGTERM, what a process killed by SIGTERM reports): schedulers
-  and wrappers already read it as "terminated", not as a failure of the program; the line before it and the
-  checkpoint at that batch tell it from a plain kill.
+its last periodic save (docs/clusters.md).
 """
 
 from __future__ import annotations
@@ -24,12 +15,21 @@ from composer.core import Callback, State
 from composer.loggers import Logger
 from composer.utils import dist
 
+# The exit status of a preempted run: 128 + SIGTERM, what a process killed by SIGTERM reports, so schedulers and
+# wrappers read it as "terminated", not as a failure of the program; the line before it and the checkpoint at that
+# batch tell it from a plain kill.
 PREEMPTED = 143
 REPEAT_S = 2.0  # SIGTERMs this close to the first are the same notice (see StopOnSignal.on_signal)
 
 
 class StopOnSignal(Callback):
-    """Stops training on every rank after the batch during which any rank received SIGTERM (see the module)."""
+    """Stops training on every rank after the batch during which any rank received SIGTERM.
+
+    The first SIGTERM sets a flag; at the end of every batch the ranks agree (an all-reduce of the flag), so all of
+    them stop after the same batch, and `State.stop_training()` makes that batch the end of training: Composer's
+    CheckpointSaver and ExportModel save at the end of training, and FIT_END waits for the uploads. A second SIGTERM
+    (more than REPEAT_S after the first) ends the process at once; the checkpoints already written stay whole (a
+    file cut mid-write is set aside by autoresume: resume.py)."""
 
     def __init__(self) -> None:
         self.received, self.received_at = False, 0.0

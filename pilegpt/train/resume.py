@@ -1,10 +1,7 @@
-"""What Composer's autoresume needs of a save_folder (local or s3://) before the Trainer reads it.
+"""What Composer's autoresume needs of a save_folder (local or s3://) before the Trainer reads it: truncated
+checkpoints set aside, the `latest` pointer repaired; on rank 0, before any rank reads (docs/robustness.md).
 
     note = set_aside_broken_checkpoints("runs/x")    # after a crash: truncated files set aside, `latest` repaired
-
-Composer resumes from the checkpoint `latest-rank0.pt` (a symlink, or a `.symlink` object on S3) points at. A run
-killed while writing a checkpoint leaves a truncated file locally; a run stopped between a checkpoint's upload
-and its pointer's leaves the pointer stale on S3. Both are repaired here, on rank 0, before any rank reads.
 """
 
 from __future__ import annotations

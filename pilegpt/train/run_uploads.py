@@ -1,29 +1,5 @@
-"""A training run's uploads to S3 (checkpoints, the `latest` pointer, config.json, model.pt, logs) on threads.
-
-Composer 0.32's checkpoint saver uploads through its own RemoteUploader: a pool of spawned processes that each
-import torch and Composer (~20 s apiece on a small machine), a Manager process, and a poll of S3 every 30 s
-before the `latest` pointer is uploaded; when the endpoint goes away it keeps polling for up to an hour, so a
-run with a lost S3 hangs instead of failing. train.py gives the saver this uploader instead (`checkpoint_uploads`)
-and also registers it as the logger destination that takes every other file, so a run has one uploader:
-
-- a few threads of this process, storage.py's S3 client (bounded retries and timeouts, one policy for the repo);
-- each file is copied to a staging folder when handed over (the saver may delete or rewrite its own copy), and
-  the copy is deleted once uploaded; a checkpoint from the saver's own temporary folder is moved there instead
-  (`take_saver_copies`), so an s3:// run keeps no local copy of an uploaded checkpoint, and `shutdown()` removes
-  that folder (with what autoresume downloaded into it) and the staging folder, also when the run fails;
-- the Trainer's autoresume lookup reads the bucket through the same client (`remote_backend`);
-- the first failed upload fails the run at the next batch with one line (UserError naming the file, the cause
-  and the fix); uploads queued after it are skipped, so the process exits within the retry budget;
-- `finish()` returns only when every upload is in the bucket: train.py calls it before it reports "done".
-
-    uploads = S3Uploads("my-bucket")
-    with checkpoint_uploads(uploads):
-        trainer = Trainer(..., save_folder="s3://my-bucket/runs/x", loggers=[uploads, ...])
-    uploads.take_saver_copies(trainer, "runs/x")
-    try:
-        trainer.fit(); trainer.close(); uploads.finish()
-    finally:
-        uploads.shutdown()
+"""A training run's uploads to S3 (checkpoints, the `latest` pointer, config.json, model.pt, logs) on threads of this
+process, instead of Composer's process-based RemoteUploader: `S3Uploads`, `checkpoint_uploads` (docs/robustness.md).
 """
 
 from __future__ import annotations
@@ -50,6 +26,31 @@ POLL_S = 1.0  # how often a check for another process's upload asks S3 (Composer
 
 class S3Uploads(LoggerDestination):
     """Uploads to one bucket on `workers` threads; keys are object names in the bucket (as Composer passes them).
+
+    Composer 0.32's checkpoint saver uploads through its own RemoteUploader: a pool of spawned processes that each
+    import torch and Composer (~20 s apiece on a small machine), a Manager process, and a poll of S3 every 30 s
+    before the `latest` pointer is uploaded; when the endpoint goes away it keeps polling for up to an hour, so a
+    run with a lost S3 hangs instead of failing. train.py gives the saver this uploader instead (`checkpoint_uploads`)
+    and also registers it as the logger destination that takes every other file, so a run has one uploader:
+
+    - a few threads of this process, storage.py's S3 client (bounded retries and timeouts, one policy for the repo);
+    - each file is copied to a staging folder when handed over (the saver may delete or rewrite its own copy), and
+      the copy is deleted once uploaded; a checkpoint from the saver's own temporary folder is moved there instead
+      (`take_saver_copies`), so an s3:// run keeps no local copy of an uploaded checkpoint, and `shutdown()` removes
+      that folder (with what autoresume downloaded into it) and the staging folder, also when the run fails;
+    - the Trainer's autoresume lookup reads the bucket through the same client (`remote_backend`);
+    - the first failed upload fails the run at the next batch with one line (UserError naming the file, the cause
+      and the fix); uploads queued after it are skipped, so the process exits within the retry budget;
+    - `finish()` returns only when every upload is in the bucket: train.py calls it before it reports "done".
+
+        uploads = S3Uploads("my-bucket")
+        with checkpoint_uploads(uploads):
+            trainer = Trainer(..., save_folder="s3://my-bucket/runs/x", loggers=[uploads, ...])
+        uploads.take_saver_copies(trainer, "runs/x")
+        try:
+            trainer.fit(); trainer.close(); uploads.finish()
+        finally:
+            uploads.shutdown()
 
     Serves two callers with one queue: Composer's logger (`upload_file`, for config.json, model.pt, logs) and
     Composer's CheckpointSaver, through the RemoteUploader interface it calls (`upload_file_async`,

@@ -1,0 +1,63 @@
+"""The plain PyTorch loop that computes what train.py's Composer Trainer computes, batch for batch: model.py's GPT,
+AdamW over its two parameter groups, gradient clipping, the cosine schedule with warmup, train.py's data order.
+
+tests/test_bench_train.py pins its losses to train.py's; bench/bench_train.py times train.py against it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterator
+
+import torch
+
+from model import GPT
+from pilegpt.common import UserError
+from pilegpt.train.config import TrainConfig
+from pilegpt.train.loaders import build_dataloaders
+
+
+def batches(duration: str, name: str) -> int:
+    """'250ba' -> 250: this loop counts in batches only."""
+    if not duration.endswith("ba") or not duration[:-2].isdigit():
+        raise UserError(f"the plain loop counts in batches: {name}={duration!r} must be like '100ba'")
+    return int(duration[:-2])
+
+
+def learning_rate(cfg: TrainConfig, it: int, max_batches: int, warmup: int) -> float:
+    """Composer's CosineAnnealingWithWarmupScheduler at batch `it`: linear warmup, then cosine decay to min_lr."""
+    if it < warmup:
+        return cfg.learning_rate * it / warmup
+    decay = 0.5 * (1 + math.cos(math.pi * (it - warmup) / max(1, max_batches - warmup)))  # 1 -> 0
+    return cfg.min_lr + (cfg.learning_rate - cfg.min_lr) * decay
+
+
+def train(cfg: TrainConfig) -> Iterator[tuple[int, int, float]]:
+    """Train cfg's model in one process on the CPU for max_duration batches; yields (batch, tokens so far, loss)
+    after each optimizer step. One forward and backward pass per batch: Composer's microbatches (when
+    device_train_microbatch_size is smaller) add up to the same gradient."""
+    torch.manual_seed(cfg.seed)  # as train.py's reproducibility.seed_all: the same initial weights
+    model = GPT(cfg.model_config())
+    # weight decay on the 2-D weights only (matmuls, embeddings), not on biases and LayerNorm gains
+    optimizer = torch.optim.AdamW(model.optim_groups(cfg.weight_decay), lr=cfg.learning_rate,
+                                  betas=(cfg.beta1, cfg.beta2))
+    # train.py's own loader: non-overlapping windows in the order its seeded sampler gives, epoch after epoch
+    loader = build_dataloaders(cfg, 1, 0, pin_memory=False)[0].dataloader
+    max_batches, warmup = batches(cfg.max_duration, "max_duration"), batches(cfg.warmup, "warmup")
+    tokens = 0
+    for it, batch in enumerate(loader):
+        if it == max_batches:
+            break
+        x, y = batch["x"], batch["y"]  # (B, T) token ids; y is x shifted left by one token
+        # Composer sets lr(0) at the start, then steps its scheduler after each batch before the batch count moves
+        # on: batch `it` (from 0) trains at lr(it - 1), the first two at lr(0)
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(cfg, max(0, it - 1), max_batches, warmup)
+        _, loss = model(x, targets=y)  # logits (B, T, vocab_size); loss: the mean cross-entropy of the B*T targets
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip:  # Composer's GradientClipping(clipping_type="norm"): the global norm of all gradients
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        tokens += x.numel()
+        yield it + 1, tokens, loss.item()

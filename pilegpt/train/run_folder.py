@@ -1,0 +1,129 @@
+"""The run folder's pre-flight: where the run's files go, its lock, checkpoint repairs, the refusals, the data record.
+
+    folder = prepare(cfg, world, device, held)   # before the model exists; every refusal is one line
+See docs/robustness.md for what each check guards against.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+from typing import NamedTuple, Optional
+
+from composer.utils import dist
+
+from pilegpt import compat, storage
+from pilegpt.checkpoint import existing_checkpoints
+from pilegpt.common import UserError, check_writable_folder
+from pilegpt.s3 import S3Dir
+from pilegpt.train import cluster, data_record, lock
+from pilegpt.train.config import SHAPE_FIELDS, TrainConfig
+from pilegpt.train.loaders import refresh_mds_cache
+from pilegpt.train.resume import set_aside_broken_checkpoints
+
+CONFIG_JSON = "config.json"  # in run_dir: the run's settings, versions and commit (train.py writes it)
+
+
+class RunFolder(NamedTuple):
+    """What the steps after the pre-flight need to know of the run's folders."""
+    cfg: TrainConfig  # the run's config (MDS: num_canonical_nodes fixed, see data_record.canonical_nodes)
+    save_folder: str  # the checkpoints (local or s3://)
+    run_dir: str  # config.json, model.pt, metrics and logs: save_folder, or runs/{run_name} uploaded beside it
+    remote: Optional[S3Dir]  # save_folder when it is remote, else None
+    found: list[str]  # the checkpoints already in save_folder
+
+    @property
+    def resuming(self) -> bool:
+        """Whether the Trainer's autoresume continues from a checkpoint in save_folder."""
+        return bool(self.found) and self.cfg.autoresume
+
+    def remote_name(self, name: str) -> Optional[str]:
+        """The object key of a run file when save_folder is remote (its uploads), else None."""
+        return self.remote.key(name) if self.remote else None
+
+
+def prepare(cfg: TrainConfig, world: cluster.World, device: str, held: contextlib.ExitStack) -> RunFolder:
+    """Check, lock and repair the run's folders before training; `held` keeps the lock until the run ends."""
+    save_folder = cfg.save_folder.format(run_name=cfg.run_name)
+    remote = storage.folder(save_folder) if storage.is_remote(save_folder) else None  # an s3.S3Dir
+    run_dir = os.path.join("runs", cfg.run_name or "run") if remote else save_folder
+    check_writable_folder(run_dir, "save_folder" if run_dir == save_folder else "the run's local folder",
+                          "choose another --save_folder or --run_name" if run_dir == save_folder else
+                          "run train.py from a folder you can write in")
+    if world.nodes > 1:  # a local save_folder must be one folder every node sees (rank 0 alone writes it), else refused
+        cluster.check_shared_save_folder(save_folder, device, world.size, world.local_size)
+        held.enter_context(compat.node_signal_files_per_node())  # Composer's waits across nodes (compat.py)
+    if world.rank == 0:  # before anything in the folder is read or repaired
+        held.enter_context(lock.hold(save_folder, cfg.run_name))  # a second run into save_folder is refused
+    if cfg.autoresume:
+        repair_checkpoints(cfg, save_folder, world, device)
+    found = existing_checkpoints(save_folder)  # one listing (a request on S3) serves every check below
+    if found and not cfg.autoresume and not cfg.save_overwrite:
+        raise UserError(f"{save_folder} already holds checkpoints ({found[0]}...): pass --autoresume=True to "
+                        "continue that run, --save_overwrite=True to start over, or another --run_name/--save_folder")
+    folder = RunFolder(cfg, save_folder, run_dir, remote, found)
+    if folder.resuming:
+        check_same_model(cfg, run_dir, save_folder)
+    cfg, data_format = record_data(folder, world)
+    if data_format == "mds":
+        refresh_cache(cfg, world, device)
+    return folder._replace(cfg=cfg)
+
+
+def barrier(world: cluster.World, device: str) -> None:
+    """Every rank waits here for the others (nothing to wait for in a one-process run)."""
+    if world.size > 1:
+        dist.initialize_dist(device)
+        dist.barrier()
+
+
+def repair_checkpoints(cfg: TrainConfig, save_folder: str, world: cluster.World, device: str) -> None:
+    """A kill during a checkpoint write leaves a truncated file that autoresume trips over: rank 0 sets it aside
+    (resume.py) and the other ranks wait for that before anyone reads a checkpoint."""
+    if world.rank == 0 and (note := set_aside_broken_checkpoints(save_folder)):
+        print(f"{cfg.run_name}: {note}", flush=True)
+    barrier(world, device)
+
+
+def check_same_model(cfg: TrainConfig, run_dir: str, save_folder: str) -> None:
+    """Autoresume loads the checkpoint into this config's model: refuse, in one line, a model of another shape
+    than the one the run's config.json records (Composer itself fails with a KeyError deep in the load)."""
+    path = os.path.join(run_dir, CONFIG_JSON)
+    if not os.path.isfile(path):
+        return
+    saved = json.loads(open(path).read()).get("config", {})
+    changed = [f"{k}={getattr(cfg, k)!r} (the run has {saved[k]!r})" for k in SHAPE_FIELDS
+               if k in saved and saved[k] != getattr(cfg, k)]
+    if changed:
+        raise UserError(f"autoresume: the checkpoints in {save_folder} are of "
+                        f"another model: {', '.join(changed)}; resume with the run's settings ({path}) or start a "
+                        "new run with another --run_name")
+
+
+def record_data(folder: RunFolder, world: cluster.World) -> tuple[TrainConfig, str]:
+    """Compare the data with the run's data.json when resuming (data_record.py), then record it. Returns the config
+    (MDS: num_canonical_nodes fixed, so that the sample order is the run's on any number of nodes) and the data's
+    format ("bin" or "mds")."""
+    cfg, save_folder = folder.cfg, folder.save_folder
+    data = data_record.describe(cfg)  # what the run trains on (MDS: every index read, its shard names checked)
+    note = data_record.check_resume(data, save_folder, cfg.data_changed_ok) if folder.resuming else None
+    if data["format"] == "mds":
+        cfg = dataclasses.replace(cfg, num_canonical_nodes=data_record.canonical_nodes(
+            cfg, save_folder if folder.resuming else None, world.nodes))
+        data["num_canonical_nodes"] = cfg.num_canonical_nodes
+    if world.rank == 0:
+        if note:
+            print(note, flush=True)
+        data_record.write(data, save_folder)
+    return cfg, data["format"]
+
+
+def refresh_cache(cfg: TrainConfig, world: cluster.World, device: str) -> None:
+    """A cache of an older version of the MDS data is emptied (by each node's first process) before Streaming
+    reads it; the other ranks wait for that."""
+    if world.local_rank == 0:
+        for cache in refresh_mds_cache(cfg):
+            print(f"note: {cache} held shards of an older version of the data: emptied, to be read again")
+    barrier(world, device)
