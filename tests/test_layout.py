@@ -14,9 +14,7 @@ LONGEST_FUNCTION = 60  # lines, from `def` to the last line, nested functions in
 DEEPEST = 4  # if/for/while/with/try/match blocks inside one another in a function (an elif is no deeper)
 BLOCKS = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.Try, ast.TryStar, ast.Match)
 # "file:function" -> why it may be longer or deeper. Keep this small: split a long function into named steps instead.
-EXCEPTIONS = {
-    "train.py:run": "being split (issue 28)",
-}
+EXCEPTIONS: dict[str, str] = {}
 SCHEME_TEST = re.compile(r"startswith\(\s*f?[\"'](s3|file|hf)://")
 
 
