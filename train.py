@@ -42,13 +42,15 @@ from composer.optim import CosineAnnealingWithWarmupScheduler
 from composer.utils import reproducibility
 
 from model import GPT, Block, GPTConfig
-from pilegpt.checkpoint import EXPORT_NAME
+from pilegpt import compat
+from pilegpt.checkpoint import EXPORT_NAME, latest_checkpoint_name, load_for_resume
 from pilegpt.common import (
     UserError,
     atomic_write_text,
     failed_write,
     load_dotenv_file,
     mask_secrets,
+    one_line,
     run_main,
     tune_glibc_malloc,
 )
@@ -150,7 +152,7 @@ class Outputs(NamedTuple):
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     die_with_launcher()  # started by pilegpt.launch: a SIGKILLed launcher leaves no rank training on
-    with contextlib.ExitStack() as held:  # what the run holds (its save_folder's lock), released however it ends
+    with contextlib.ExitStack() as held, preempted_during_start_up():  # held: its save_folder's lock, until the end
         cfg, pretrained = read_config(argv)
         world = World.from_env()  # the launcher (composer -n N) sets it for each process
         device, precision = resolve_system(cfg, world)
@@ -163,6 +165,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         del pretrained  # its weights are in the model now (or not wanted): free them
         trainer, out = build_trainer(cfg, model, folder, world, device, precision)
         return fit_and_report(trainer, out, cfg, folder, world, device, precision)
+
+
+@contextlib.contextmanager
+def preempted_during_start_up():
+    """Before training starts, Composer's own handler turns SIGTERM into sys.exit(143) (StopOnSignal takes over at
+    FIT_START, preemption.py): say so in one line, so that a preemption during start-up reads as one."""
+    try:
+        yield
+    except SystemExit as e:
+        if e.code == PREEMPTED:
+            print("train.py: stopped by SIGTERM during start-up, before training: no new checkpoint; to continue, run "
+                  f"the same command with --autoresume=True (exit status {PREEMPTED})", flush=True)
+        raise
 
 
 def read_config(argv: Optional[Sequence[str]]) -> tuple[TrainConfig, Pretrained]:
@@ -225,7 +240,13 @@ def build_trainer(cfg: TrainConfig, model: ComposerGPT, folder: RunFolder, world
     optimization = build_optimizer(cfg, model, device, precision)
     out = build_outputs(cfg, model, folder, device, evaluators)
     microbatch = cfg.device_train_microbatch_size
-    with checkpoint_uploads(out.uploads) if out.uploads is not None else contextlib.nullcontext():
+    # Composer unpickles checkpoints in full: a pickle put in a shared save_folder would run its code on autoresume.
+    # Every checkpoint the Trainer reads goes through the same weights-only load as sample.py's and init_from's.
+    with contextlib.ExitStack() as during:
+        name = latest_checkpoint_name(folder.save_folder) if folder.resuming else folder.save_folder
+        during.enter_context(compat.checkpoint_loads_through(lambda path, where: load_for_resume(path, where, name)))
+        if out.uploads is not None:
+            during.enter_context(checkpoint_uploads(out.uploads))
         trainer = Trainer(
             model=model, train_dataloader=train_data, eval_dataloader=evaluators,
             eval_interval=cfg.eval_interval if evaluators else 1,
@@ -396,12 +417,23 @@ def finish(trainer: Trainer, out: Outputs, folder: RunFolder, world: World) -> N
     """Close the trainer, write report.md (what a person reads instead of the logs: report.py), and wait until
     every checkpoint, model.pt, log and the report is in the bucket of an s3:// run."""
     trainer.close()
-    if world.rank == 0:
-        write_report(folder.run_dir)
+    if world.rank == 0 and write_report_or_say_why(folder.run_dir):
         for name in (REPORT, PLOT) if out.uploads is not None else ():
             out.uploads.upload_file_async(folder.remote_name(name), os.path.join(folder.run_dir, name), overwrite=True)
     if out.uploads is not None:
         out.uploads.finish()
+
+
+def write_report_or_say_why(run_dir: str) -> bool:
+    """report.md and loss.png (report.py); whether they were written. A report that cannot be written (a damaged
+    file in the run folder, a full disk) is one line: it never changes the run's outcome or exit status."""
+    try:
+        write_report(run_dir)
+        return True
+    except Exception as e:  # the checkpoints and model.pt are written already: the run itself succeeded
+        print(f"note: report.md not written ({one_line(e)}); the run's checkpoints are complete; `python report.py "
+              f"{run_dir}` writes it once that is fixed", flush=True)
+        return False
 
 
 def print_summary(state, start_batch: int, start_tokens: int, seconds: float, metrics_log: MetricsLog,

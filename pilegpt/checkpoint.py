@@ -83,6 +83,9 @@ def load_error_reason(e: Exception) -> str:
     found = re.search(r"Unsupported global: GLOBAL (\S+)", text)
     if found:
         return f"it holds a {found.group(1)} object, which a weights-only load refuses"
+    found = re.search(r"unsupported GLOBAL (\S+) whose module \S+ is blocked", text)
+    if found:
+        return f"it holds a {found.group(1)} object, whose module a weights-only load never imports"
     found = re.search(r"WeightsUnpickler error: ([^\n]+)", text)
     if found:
         return found.group(1).strip()
@@ -119,6 +122,18 @@ def safe_load(path: str, map_location: str = "cpu") -> object:
     except Exception as e:  # UnpicklingError for a refused object, RuntimeError for a non-torch file...
         raise UserError(f"{path} is not a model export or Composer checkpoint that can be read safely: "
                         f"{load_error_reason(e)}") from None
+
+
+def load_for_resume(path: str, map_location: str, name: str) -> object:
+    """A Composer checkpoint read for autoresume, weights-only (train.py, through compat.checkpoint_loads_through);
+    `name` says which file of the save_folder it is (Composer reads a copy). A refused file is one line naming it,
+    and nothing in it has run."""
+    try:
+        return safe_load(path, map_location)
+    except UserError as e:
+        reason = str(e).split("can be read safely: ", 1)[-1]
+        raise UserError(f"autoresume refused a checkpoint (nothing in it ran): {name}: {reason}; if it is not the "
+                        "run's own, remove it and resume from the checkpoint before it") from None
 
 
 def gpt_state_from_composer(model_state: dict, source: str) -> tuple[dict, Optional[dict]]:
@@ -235,6 +250,16 @@ def load_model(spec: str, n_head: Optional[int] = None, endpoint_url: Optional[s
         return load_model_file(resolve_local(spec), n_head)
     with tempfile.TemporaryDirectory(prefix="checkpoint-") as tmpdir:
         return load_model_file(download_s3(spec, tmpdir, endpoint_url), n_head, source=spec)
+
+
+def latest_checkpoint_name(save_folder: str) -> str:
+    """Where save_folder's `latest` pointer leads (local symlink or S3 `.symlink` object), for messages."""
+    if storage.is_remote(save_folder):
+        pointer = storage.folder(save_folder).get(f"{LATEST_CHECKPOINT}.symlink")
+        target = pointer.decode(errors="replace").strip() if pointer else LATEST_CHECKPOINT
+        return f"{storage.join(save_folder, LATEST_CHECKPOINT)} -> {target}"
+    path = os.path.join(storage.local_path(save_folder), LATEST_CHECKPOINT)
+    return storage.join(save_folder, os.readlink(path) if os.path.islink(path) else LATEST_CHECKPOINT)
 
 
 def existing_checkpoints(save_folder: str) -> list[str]:

@@ -41,6 +41,10 @@ def run_main(main: Callable[[Optional[Sequence[str]]], int | None], argv: Option
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
+    except SystemExit as e:  # Composer's SIGINT handler exits 130 (during start-up and evaluation)
+        if e.code == 130:
+            print("interrupted", file=sys.stderr)
+        raise
     except Exception as e:
         if not interrupted(e):
             raise

@@ -106,3 +106,15 @@ class SlowBatches(Callback):
 
     def batch_end(self, state: State, logger: Logger) -> None:
         time.sleep(self.seconds)
+
+
+class SlowStart(Callback):
+    """Holds the Trainer's start-up (Event.INIT, inside Trainer(...)) for `seconds`, writing `marker` first: a
+    window in which a signal lands after the config print and before training starts."""
+
+    def __init__(self, marker: str, seconds: float = 30.0):
+        self.marker, self.seconds = marker, seconds
+
+    def init(self, state: State, logger: Logger) -> None:
+        Path(self.marker).write_text("starting")
+        time.sleep(self.seconds)

@@ -257,8 +257,11 @@ class MetricsLog(LoggerDestination):
         row = {"batch": batch, "tokens": int(state.timestamp.token), "time_s": round(time.time() - self.t0, 3),
                **self.row}
         self.row = {}
-        with open(self.path, "a") as f:
-            f.write(json.dumps(row) + "\n")
+        with open(self.path, "a+b") as f:
+            f.seek(0, os.SEEK_END)
+            if f.tell() and (f.seek(-1, os.SEEK_END), f.read(1))[1] != b"\n":  # a line cut by a kill stays apart
+                f.write(b"\n")
+            f.write(json.dumps(row).encode() + b"\n")
         if self.print_steps and (batch % self.log_interval == 0 or batch == 1) and "loss" in row:
             tps = f"{row['tokens_per_sec'] / 1000:.1f}k tok/s" if "tokens_per_sec" in row else "- tok/s"
             mfu = f" | mfu {100 * row['mfu']:.1f}%" if "mfu" in row else ""
