@@ -96,3 +96,22 @@ def test_a_signal_during_start_up_is_one_line(data_dir, tmp_path, signum, status
     text = (tmp_path / "out.txt").read_text()
     assert line in text.splitlines() and "Traceback" not in text, text[-3000:]
     assert not (tmp_path / "runs" / "ends" / ".lock").exists()  # the folder is released
+
+
+@pytest.mark.parametrize("damage, says", [("drop vocab_size", "vocab_size missing"), ("cut", "not JSON")])
+def test_a_damaged_data_record_is_named_as_damaged_not_as_other_data(data_dir, tmp_path, damage, says):
+    import json
+
+    run([*ARGS, f"--data_dir={data_dir}", "--max_duration=2ba"], tmp_path)
+    record = tmp_path / "runs" / "ends" / "data.json"
+    if damage == "cut":
+        record.write_text(record.read_text()[:40])
+    else:
+        record.write_text(json.dumps({k: v for k, v in json.loads(record.read_text()).items() if k != "vocab_size"}))
+    proc = subprocess.run([sys.executable, str(REPO / "train.py"), *ARGS, f"--data_dir={data_dir}",
+                           "--max_duration=4ba", "--autoresume=True"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"error: autoresume: runs/ends/data.json is damaged ({says}): it records what the run trained on; restore it "
+        "from a copy, or pass --data_changed_ok=True to continue on the data given and record it anew"], \
+        proc.stderr[-2000:]

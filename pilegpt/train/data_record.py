@@ -86,6 +86,24 @@ def differences(saved: dict, now: dict) -> list[str]:
             for split in SPLITS if was.get(split) != new[split]]
 
 
+def damage(saved) -> Optional[str]:
+    """What is missing from a data.json that train.py wrote, or None when it is whole: a record with a field gone
+    (an edit, a cut file) is damaged, not a record of other data."""
+    if not isinstance(saved, dict) or saved.get("format") not in ("bin", "mds"):
+        return "not a data record (no format 'bin' or 'mds')"
+    if saved["format"] == "bin":
+        missing = [k for k in ("tokenizer", "vocab_size", "eot_token", "dtype", "splits") if k not in saved]
+        splits = saved.get("splits")
+        if not missing and not (isinstance(splits, dict) and all(
+                isinstance(s, dict) and {"file", "tokens", "fingerprint"} <= set(s) for s in splits.values())):
+            missing = ["a split's file, tokens or fingerprint"]
+    else:
+        roots = saved.get("roots")
+        missing = [] if isinstance(roots, list) and all(isinstance(r, dict) and "root" in r for r in roots) \
+            else ["roots"]
+    return f"{', '.join(missing)} missing" if missing else None
+
+
 def split_change(split: str, was: Optional[dict], new: Optional[dict]) -> Optional[str]:
     """How one split of a .bin record differs from the run's (`was`), or None."""
     if was is None or new is None:
@@ -104,9 +122,16 @@ def check_resume(record: dict, save_folder: str, ok: bool) -> Optional[str]:
     if saved is None:
         return f"note: {where} not found (a run from before data records): recording the data it resumes on"
     try:
-        changed = differences(json.loads(saved), record)
-    except (ValueError, AttributeError, TypeError):
-        changed = [f"{where} cannot be read"]
+        saved = json.loads(saved)
+    except ValueError:
+        saved = None
+    broken = "not JSON" if saved is None else damage(saved)
+    if broken and ok:
+        return f"note: {where} is damaged ({broken}): recording the data it resumes on, as data_changed_ok=True says"
+    if broken:
+        raise UserError(f"autoresume: {where} is damaged ({broken}): it records what the run trained on; restore it "
+                        "from a copy, or pass --data_changed_ok=True to continue on the data given and record it anew")
+    changed = differences(saved, record)
     if not changed:
         return None
     if ok:
