@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import argparse
 import copy
+import difflib
 import json
 import os
 import signal
 import sys
 import tempfile
 import time
+from collections import Counter
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,7 +141,7 @@ def prepare(args: argparse.Namespace, cleanup: ExitStack) -> int:
     if totals["tokens"]["train"] == 0:
         output.writer.close()
         output.discard()
-        raise empty_corpus_error(totals, inputs.source_info)
+        raise empty_corpus_error(totals, inputs.source_info, args.include_subset, output.writer.subsets_filtered)
     meta = make_meta(args, enc, dtype, inputs, totals, reached, val_fraction, settings)
     try:
         out_folder.publish(out_dir, output.writer.finish(meta))
@@ -260,11 +262,21 @@ def keep_for_resume(e: BaseException, output: Output, files: list[sources.Source
     return None
 
 
-def empty_corpus_error(totals: dict, source_info: dict) -> UserError:
+def empty_corpus_error(totals: dict, source_info: dict, include: list[str], filtered: Counter) -> UserError:
+    """The line for a run that found no text: the counts, and when the subset filters left everything out, the
+    subsets the input holds and the closest name to each --include-subset that matched nothing."""
     what = ", ".join(source_info.get("input") or [source_info["dataset"]])
+    hint = "check the input, --text-column and the subset filters"
+    if filtered:
+        seen = ", ".join(f"{name} ({n:,})" for name, n in filtered.most_common(10))
+        close = {name: difflib.get_close_matches(name.lower(), [s.lower() for s in filtered], n=1, cutoff=0.5)
+                 for name in include if name not in filtered}
+        lower = {s.lower(): s for s in filtered}
+        guesses = [f"--include-subset {lower[c[0]]!r} for {name!r}" for name, c in close.items() if c]
+        hint = (f"the subsets seen (documents): {seen}; names are case-sensitive"
+                + (f": did you mean {', '.join(guesses)}?" if guesses else ""))
     return UserError(f"empty corpus: no text in {what} (documents empty or whitespace-only: {totals['empty']}, "
-                     f"filtered out: {totals['filtered']}, bad lines: {totals['bad_lines']}); check the input, "
-                     "--text-column and the subset filters")
+                     f"filtered out: {totals['filtered']}, bad lines: {totals['bad_lines']}); {hint}")
 
 
 def make_meta(args: argparse.Namespace, enc, dtype: np.dtype, inputs: Inputs, totals: dict, reached: bool,

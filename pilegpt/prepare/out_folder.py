@@ -13,6 +13,7 @@ import os
 import re
 import sys
 import time
+from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
@@ -195,6 +196,7 @@ class Writer:
     def __init__(self, out_dir: Path, fingerprint: dict, sizes: list, progress: dict, dtype: np.dtype):
         self.out_dir, self.fingerprint, self.sizes, self.dtype = out_dir, fingerprint, sizes, dtype
         self.done, self.fds = progress, {}
+        self.subsets_filtered: Counter = Counter()  # this run's filtered documents by subset, for the empty-corpus line
         try:
             with output_errors(out_dir, "opening the .partial files"):
                 for split, name in PARTIAL.items():
@@ -225,6 +227,7 @@ class Writer:
             p["documents"][split] += result["docs"][split]
         for key in ("bad", "filtered", "empty"):
             p["bad_lines" if key == "bad" else key] += result[key]
+        self.subsets_filtered.update(result.get("subsets_filtered", {}))
         return reached
 
     def mark(self, resume_at: tuple) -> None:

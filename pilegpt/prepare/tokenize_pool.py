@@ -129,6 +129,7 @@ def tokenize_task(task: Task) -> dict:
     out = {split: buffer.clear() for split, buffer in _W["buffers"].items()}
     docs = {"train": 0, "val": 0}
     bad = filtered = empty = 0
+    subsets_filtered: dict[str, int] = {}  # the subsets of the documents the filters left out
     fraction = _W["val_fraction"] if task.split == "train" else 0.0
     at = ":" if task.kind == "jsonl" else " row "  # messages name bad.jsonl:4 or train row 4
 
@@ -159,12 +160,13 @@ def tokenize_task(task: Task) -> dict:
                 continue
             if (include and subset not in include) or (exclude and subset in exclude):
                 filtered += 1
+                subsets_filtered[str(subset)] = subsets_filtered.get(str(subset), 0) + 1
             elif is_empty(text):
                 empty += 1
             else:
                 emit(text, text.encode("utf-8", "surrogatepass") if fraction else b"", task.first_line + k)
     return {"train": to_output(out["train"].ids(), task), "val": to_output(out["val"].ids(), task),
-            "docs": docs, "bad": bad, "filtered": filtered, "empty": empty}
+            "docs": docs, "bad": bad, "filtered": filtered, "empty": empty, "subsets_filtered": subsets_filtered}
 
 
 def records(task: Task, column: str, with_subsets: bool) -> Iterator[tuple]:
