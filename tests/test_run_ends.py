@@ -115,3 +115,15 @@ def test_a_damaged_data_record_is_named_as_damaged_not_as_other_data(data_dir, t
         f"error: autoresume: runs/ends/data.json is damaged ({says}): it records what the run trained on; restore it "
         "from a copy, or pass --data_changed_ok=True to continue on the data given and record it anew"], \
         proc.stderr[-2000:]
+
+
+def test_two_s3_runs_with_one_run_name_never_share_the_local_folder(data_dir, tmp_path, s3_env):
+    first, second = f"s3://{s3_env.bucket}/ends/first", f"s3://{s3_env.bucket}/ends/second"
+    run([*ARGS, f"--data_dir={data_dir}", "--max_duration=2ba", f"--save_folder={first}"], tmp_path)
+    proc = subprocess.run([sys.executable, str(REPO / "train.py"), *ARGS, f"--data_dir={data_dir}",
+                           "--max_duration=2ba", f"--save_folder={second}"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"error: runs/ends holds the local files of the run in {first} (same run_name): choose another --run_name "
+        f"for {second}, or move runs/ends away"], proc.stderr[-2000:]
+    assert not s3_env.client().list_objects_v2(Bucket=s3_env.bucket, Prefix="ends/second/").get("Contents")

@@ -16,7 +16,7 @@ from composer.utils import dist
 
 from pilegpt import compat, storage
 from pilegpt.checkpoint import existing_checkpoints
-from pilegpt.common import UserError, check_writable_folder
+from pilegpt.common import UserError, atomic_write_text, check_writable_folder
 from pilegpt.s3 import S3Dir
 from pilegpt.train import cluster, data_record, lock
 from pilegpt.train.config import SHAPE_FIELDS, TrainConfig
@@ -24,6 +24,7 @@ from pilegpt.train.loaders import refresh_mds_cache
 from pilegpt.train.resume import set_aside_broken_checkpoints
 
 CONFIG_JSON = "config.json"  # in run_dir: the run's settings, versions and commit (train.py writes it)
+STAGED_FOR = ".save_folder"  # in an s3:// run's local run_dir: the save_folder whose files it stages
 
 
 class RunFolder(NamedTuple):
@@ -57,6 +58,8 @@ def prepare(cfg: TrainConfig, world: cluster.World, device: str, held: contextli
         held.enter_context(compat.node_signal_files_per_node())  # Composer's waits across nodes (compat.py)
     if world.rank == 0:  # before anything in the folder is read or repaired
         held.enter_context(lock.hold(save_folder, cfg.run_name))  # a second run into save_folder is refused
+        if remote:
+            claim_staging_folder(run_dir, save_folder)
     if cfg.autoresume:
         repair_checkpoints(cfg, save_folder, world, device)
     found = existing_checkpoints(save_folder)  # one listing (a request on S3) serves every check below
@@ -70,6 +73,20 @@ def prepare(cfg: TrainConfig, world: cluster.World, device: str, held: contextli
     if data_format == "mds":
         refresh_cache(cfg, world, device)
     return folder._replace(cfg=cfg)
+
+
+def claim_staging_folder(run_dir: str, save_folder: str) -> None:
+    """The local runs/{run_name} of an s3:// run stages that run's files alone: it records whose it is (STAGED_FOR),
+    and a run into another save_folder with the same run_name is refused in one line (its metrics and report would
+    mix with the other run's)."""
+    marker = os.path.join(run_dir, STAGED_FOR)
+    owner = open(marker).read().strip() if os.path.isfile(marker) else None
+    if owner is not None and owner != save_folder:
+        raise UserError(f"{run_dir} holds the local files of the run in {owner} (same run_name): choose another "
+                        f"--run_name for {save_folder}, or move {run_dir} away")
+    if owner is None:
+        os.makedirs(run_dir, exist_ok=True)
+        atomic_write_text(marker, save_folder + "\n")
 
 
 def barrier(world: cluster.World, device: str) -> None:
