@@ -156,6 +156,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         cfg, pretrained = read_config(argv)
         world = World.from_env()  # the launcher (composer -n N) sets it for each process
         device, precision = resolve_system(cfg, world)
+        cluster.join(world, device, cfg.dist_timeout)  # every process of the job is there, or one line says who not
         folder = run_folder.prepare(cfg, world, device, held)  # lock, checkpoint repairs, refusals, data record
         cfg = folder.cfg
         if world.rank == 0:
@@ -261,7 +262,7 @@ def build_trainer(cfg: TrainConfig, model: ComposerGPT, folder: RunFolder, world
             save_folder=folder.save_folder, save_interval=cfg.save_interval, save_overwrite=cfg.save_overwrite,
             # an s3:// run keeps no local copies: each checkpoint leaves the saver's folder for the upload
             save_num_checkpoints_to_keep=cfg.save_num_checkpoints_to_keep if out.uploads is None else -1,
-            autoresume=cfg.autoresume, run_name=cfg.run_name, seed=cfg.seed,
+            autoresume=cfg.autoresume, run_name=cfg.run_name, seed=cfg.seed, dist_timeout=cfg.dist_timeout,
             callbacks=out.callbacks, loggers=out.loggers, progress_bar=cfg.progress_bar, log_to_console=False,
         )
     if out.uploads is not None:

@@ -60,3 +60,30 @@ def test_a_sigkilled_rank_exits_137_not_143(tmp_path):
     ranks = {int(p.environ().get("RANK", -1)): p for p in psutil.Process(proc.pid).children()}
     os.kill(ranks[1].pid, signal.SIGKILL)  # the OOM killer's signal, to rank 1 alone
     assert finish(proc) == 137, (tmp_path / "out.txt").read_text()[-3000:]
+
+
+@pytest.mark.slow
+def test_a_node_whose_peers_never_come_says_so_within_seconds_and_gives_up_in_one_line(tmp_path):
+    from helpers import free_port
+
+    port = free_port()  # nobody listens there: node 0 never starts
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": f"{REPO / 'tests'}{os.pathsep}{REPO}"}
+    with open(tmp_path / "out.txt", "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "pilegpt.launch", "--world_size", "2", "--nproc", "1",
+                                 "--node_rank", "1", "--master_addr", "127.0.0.1", "--master_port", str(port),
+                                 str(REPO / "train.py"), *ARGS, f"--data_dir={write_random_bin(tmp_path / 'd')}",
+                                 "--dist_timeout=20"], cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    started = time.time()
+    waiting = "rank 1: waiting for 1 more node(s) of the job at 127.0.0.1:"
+    while waiting not in (tmp_path / "out.txt").read_text() and proc.poll() is None and time.time() - started < 90:
+        time.sleep(0.2)
+    text = (tmp_path / "out.txt").read_text()
+    assert waiting in text, text[-3000:]
+    assert finish(proc, timeout=120) == 2
+    text = (tmp_path / "out.txt").read_text()
+    errors = [line for line in text.splitlines() if line.startswith("error: ")]
+    assert errors == [f"error: rank 1: gave up after 20 s waiting for 1 more node(s) of the job at 127.0.0.1:{port}: "
+                      "start every node (node_rank 0 to 1) with the same --master_addr and --master_port, or raise "
+                      "--dist_timeout"], text[-3000:]
+    assert "Traceback" not in text

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import threading
 from typing import NamedTuple, Optional
 
 from composer.utils import dist
@@ -38,6 +39,41 @@ class World(NamedTuple):
     @property
     def nodes(self) -> int:
         return max(1, self.size // self.local_size)
+
+
+WAITING_NOTE_S = 5.0  # a process still waiting for the others after this long says so
+
+
+def join(world: World, device: str, timeout: float) -> None:
+    """Meet the job's other processes (torch.distributed's rendezvous at MASTER_ADDR:MASTER_PORT) before anything
+    else: a process still waiting after WAITING_NOTE_S says for whom and where, and one that has waited `timeout`
+    seconds gives up in one line instead of hanging without a word."""
+    if world.size <= 1:
+        return
+    where = f"{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{os.environ.get('MASTER_PORT', '?')}"
+    others = f"{world.nodes - 1} more node(s)" if world.nodes > 1 else f"{world.size - 1} more process(es)"
+    note = threading.Timer(WAITING_NOTE_S, lambda: print(
+        f"rank {world.rank}: waiting for {others} of the job at {where} (up to {timeout:.0f} s, --dist_timeout): "
+        "start every node with the same --world_size, --master_addr and --master_port", flush=True))
+    note.daemon = True
+    note.start()
+    try:
+        dist.initialize_dist(device, timeout=timeout)
+        dist.barrier()  # every process has joined (gloo and NCCL may connect lazily)
+    except Exception as e:  # the store's or the barrier's timeout; a refused connection retried until it
+        if dist.is_initialized() and not is_timeout(e):
+            raise
+        raise UserError(f"rank {world.rank}: gave up after {timeout:.0f} s waiting for {others} of the job at "
+                        f"{where}: start every node (node_rank 0 to {world.nodes - 1}) with the same --master_addr "
+                        "and --master_port, or raise --dist_timeout") from None
+    finally:
+        note.cancel()
+
+
+def is_timeout(e: BaseException) -> bool:
+    """Whether torch.distributed gave up waiting (a store or collective timeout)."""
+    text = str(e).lower()
+    return "timed out" in text or "timeout" in text or type(e).__name__ in ("DistStoreError", "DistNetworkError")
 
 
 def check_shared_save_folder(save_folder: str, device: str, world_size: int, local_world: int) -> None:
