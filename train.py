@@ -70,7 +70,7 @@ from pilegpt.train.loaders import (
     eval_batches_per_rank,
 )
 from pilegpt.train.metrics import BitsPerByte, CrossEntropyFromLoss, PerplexityFromLoss, token_bytes
-from pilegpt.train.preemption import PREEMPTED, StopOnSignal
+from pilegpt.train.preemption import PREEMPTED, CheckpointClock, StopOnSignal
 from pilegpt.train.report import PLOT, REPORT, write_report
 from pilegpt.train.run_folder import CONFIG_JSON, RunFolder
 from pilegpt.train.run_uploads import S3Uploads, checkpoint_uploads
@@ -318,6 +318,7 @@ def build_outputs(cfg: TrainConfig, model: ComposerGPT, folder: RunFolder, devic
     # runs its CheckpointSaver after every callback)
     callbacks = [SpeedMonitor(window_size=cfg.speed_window), LRMonitor(), RuntimeEstimator(time_unit="seconds"),
                  StopOnNonFinite(cfg.learning_rate, cfg.save_interval), preemption := StopOnSignal(),
+                 CheckpointClock(cfg.preemption_grace_s, uploads),
                  ExportModel(cfg.save_interval, run_dir, folder.remote_name(EXPORT_NAME))]
     if device == "gpu":
         callbacks.append(MemoryMonitor())
@@ -361,8 +362,9 @@ def fit_and_report(trainer: Trainer, out: Outputs, cfg: TrainConfig, folder: Run
             out.preemption.finish()
             if world.rank == 0:
                 print(f"{cfg.run_name}: stopped by SIGTERM after batch {out.preemption.stopped_at}, checkpoint saved "
-                      f"in {folder.save_folder}; to continue, run the same command with --autoresume=True (exit "
-                      f"status {PREEMPTED})", flush=True)
+                      f"in {folder.save_folder} {out.preemption.seconds_since_notice():.1f} s after the notice "
+                      f"(grace: preemption_grace_s={cfg.preemption_grace_s:g} s); to continue, run the same command "
+                      f"with --autoresume=True (exit status {PREEMPTED})", flush=True)
             return PREEMPTED
     finally:
         if out.uploads is not None:  # the local copies go, also when the run fails

@@ -127,3 +127,26 @@ def test_two_s3_runs_with_one_run_name_never_share_the_local_folder(data_dir, tm
         f"error: runs/ends holds the local files of the run in {first} (same run_name): choose another --run_name "
         f"for {second}, or move runs/ends away"], proc.stderr[-2000:]
     assert not s3_env.client().list_objects_v2(Bucket=s3_env.bucket, Prefix="ends/second/").get("Contents")
+
+
+def test_checkpoint_times_are_logged_and_a_slow_one_is_warned_against(data_dir, tmp_path):
+    slow = "--callbacks={'faults:SlowBatches': {'seconds': 0.3}}"
+    with open(tmp_path / "out.txt", "w") as out:
+        proc = subprocess.Popen([sys.executable, str(REPO / "train.py"), *ARGS, f"--data_dir={data_dir}",
+                                 "--max_duration=40ba", "--preemption_grace_s=0.02", slow], cwd=tmp_path,
+                                stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONPATH": str(REPO / "tests"), "PYTHONUNBUFFERED": "1"})
+    try:
+        metrics, deadline = tmp_path / "runs" / "ends" / "metrics.jsonl", time.time() + 120
+        while not (metrics.is_file() and metrics.read_text().count("\n") >= 3) and time.time() < deadline:
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 143
+    finally:
+        proc.kill()
+    lines = (tmp_path / "out.txt").read_text().splitlines()
+    warnings = [line for line in lines if line.startswith("warning: the checkpoint of batch 2 took ")]
+    assert len(warnings) == 1 and "to write, more than half the preemption grace period (preemption_grace_s=0.02 s)" \
+        in warnings[0], "\n".join(lines[-40:])
+    stop = [line for line in lines if "stopped by SIGTERM after batch" in line]
+    assert len(stop) == 1 and " s after the notice (grace: preemption_grace_s=0.02 s); to continue" in stop[0]

@@ -72,6 +72,7 @@ class TrainConfig:
     seed: int = 1337  # seeds model init, data order and dropout
     cpu_malloc_tune: bool = True  # on CPU with glibc: keep big freed blocks for reuse (fewer page faults)
     dist_timeout: float = 300.0  # seconds a process waits for the job's others (at start, in a collective)
+    preemption_grace_s: float = 300.0  # seconds from a scheduler's SIGTERM to its SIGKILL (sbatch --signal=TERM@300)
     # checkpoints and logs
     run_name: Optional[str] = None  # name of the run; None = the last config file's name (e.g. "pile")
     save_folder: str = "runs/{run_name}"  # checkpoints, export, config and logs: local folder or s3://bucket/prefix
@@ -209,7 +210,8 @@ class TrainConfig:
 
     def _check_system(self) -> list[str]:
         """The device, the numeric precision and the wait for the job's processes."""
-        errors = [] if self.dist_timeout > 0 else [f"dist_timeout must be > 0 seconds, got {self.dist_timeout}"]
+        errors = [f"{k} must be > 0 seconds, got {getattr(self, k)}" for k in ("dist_timeout", "preemption_grace_s")
+                  if not getattr(self, k) > 0]
         if self.device not in ("auto", "gpu", "cpu"):
             errors.append(f"device must be 'auto', 'gpu' or 'cpu', got {self.device!r}")
         if self.precision not in ("auto", "fp32", "amp_bf16", "amp_fp16"):

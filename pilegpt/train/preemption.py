@@ -56,9 +56,61 @@ class StopOnSignal(Callback):
             self.stopped_at = int(state.timestamp.batch)
             state.stop_training()  # this batch becomes the end of training: checkpoint, export, uploads
 
+    def seconds_since_notice(self) -> float:
+        """Seconds from the SIGTERM to now (the preemption checkpoint and its upload are done by then)."""
+        return time.monotonic() - self.received_at if self.received else 0.0
+
     def finish(self) -> None:
         """After the checkpoint is complete on every rank: a later SIGTERM (a launcher's clean-up) is ignored, so
         the process exits with PREEMPTED."""
         dist.barrier()
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+class CheckpointClock(Callback):
+    """Times each checkpoint from the start of its write to the end of its upload (an s3:// run's uploads), and
+    warns once when one took more than half the preemption grace period: the notice must leave time for a batch,
+    that checkpoint and its upload before the scheduler's SIGKILL."""
+
+    def __init__(self, grace_s: float, uploads=None) -> None:
+        self.grace_s, self.uploads = grace_s, uploads
+        self.started: Optional[tuple[int, float, int]] = None  # (batch, time, uploads queued) at BATCH_CHECKPOINT
+        self.warned = False
+
+    def batch_checkpoint(self, state: State, logger: Logger) -> None:  # Composer's CheckpointSaver runs after this
+        queued = len(self.uploads._futures) if self.uploads is not None else 0
+        self.started = (int(state.timestamp.batch), time.monotonic(), queued)
+
+    def batch_start(self, state: State, logger: Logger) -> None:
+        self.measure()
+
+    def fit_end(self, state: State, logger: Logger) -> None:
+        self.measure()
+
+    def measure(self) -> None:
+        if self.started is None or dist.get_global_rank() != 0:
+            return
+        batch, t0, queued = self.started
+        self.started = None
+        new = self.uploads._futures[queued:] if self.uploads is not None else []
+        if not new:
+            self.check(batch, time.monotonic() - t0, "write")
+            return
+        left = [len(new)]
+
+        def done(_future) -> None:  # on an upload thread, when the checkpoint's last file is in the bucket
+            left[0] -= 1
+            if left[0] == 0:
+                self.check(batch, time.monotonic() - t0, "write and upload")
+
+        for future in new:
+            future.add_done_callback(done)
+
+    def check(self, batch: int, seconds: float, what: str) -> None:
+        if seconds > self.grace_s / 2 and not self.warned and seconds > 0.05:  # a save, not an empty event
+            self.warned = True
+            print(f"warning: the checkpoint of batch {batch} took {seconds:.1f} s to {what}, more than half the "
+                  f"preemption grace period (preemption_grace_s={self.grace_s:g} s): after a SIGTERM a batch, its "
+                  "checkpoint and the upload may not fit before the SIGKILL; give the job a longer grace "
+                  "(sbatch --signal=TERM@SECONDS) and set preemption_grace_s to it", flush=True)
