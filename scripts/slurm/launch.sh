@@ -11,7 +11,7 @@ export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"  # pilegpt, from any workin
 nodes=${SLURM_NNODES:?launch.sh runs inside a Slurm job (SLURM_NNODES is not set)}
 node_rank=${SLURM_NODEID:?launch.sh runs inside a Slurm job step (SLURM_NODEID is not set)}
 nproc=${NPROC_PER_NODE:-${SLURM_GPUS_ON_NODE:-1}}
-master_addr=${MASTER_ADDR:-$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)}
+master_addr=${MASTER_ADDR:-$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)}
 # One port per job, the same on every node, below Linux's ephemeral range (32768-60999), where the kernel picks the
 # ports of outgoing connections; train.sbatch asks for whole nodes (--exclusive), so no other job's master shares it.
 master_port=${MASTER_PORT:-$((10000 + ${SLURM_JOB_ID:-0} % 20000))}
