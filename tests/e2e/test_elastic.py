@@ -9,20 +9,24 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import SMALL, losses_by_batch, read_jsonl, run, shakespeare_tokens, write_bin
+from helpers import SMALL, losses_by_batch, read_jsonl, run_train, shakespeare_tokens, succeeded, train_main, write_bin
 from pilegpt.checkpoint import load_model
 from pilegpt.data import read_windows, window_starts
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("nproc", [0, 2])
-def test_the_val_loss_is_over_the_same_samples_at_any_process_count(tmp_path, nproc):
+def test_the_val_loss_is_over_the_same_samples_at_any_process_count(tmp_path, nproc, monkeypatch):
     tokens = shakespeare_tokens()
     write_bin(tmp_path / "data", tokens[:20_000])  # 2,000 val tokens: 62 windows of 32
     # 3 batches of 3 windows = the first 9 windows, split 5 + 4 over 2 ranks (Composer drops the sampler's padding)
-    run([*SMALL, f"--data_dir={tmp_path / 'data'}", "--max_duration=2ba", "--eval_interval=2ba",
-         "--eval_subset_num_batches=3", "--device_eval_batch_size=3", "--progress_bar=False", "--save_folder=run",
-         "--sample_length=0", "--device=cpu"], cwd=tmp_path, nproc=nproc)
+    args = [*SMALL, f"--data_dir={tmp_path / 'data'}", "--max_duration=2ba", "--eval_interval=2ba",
+            "--eval_subset_num_batches=3", "--device_eval_batch_size=3", "--progress_bar=False", "--save_folder=run",
+            "--sample_length=0", "--device=cpu"]
+    if nproc:  # `composer -n 2`: two ranks split the 9 windows
+        succeeded(run_train(args, tmp_path, nproc=nproc))
+    else:  # one process: this one
+        monkeypatch.chdir(tmp_path)
+        train_main(args)
     row = read_jsonl(tmp_path / "run" / "metrics.jsonl")[-1]
 
     model = load_model(str(tmp_path / "run" / "model.pt"))  # the weights evaluated at batch 2
@@ -35,8 +39,7 @@ def test_the_val_loss_is_over_the_same_samples_at_any_process_count(tmp_path, np
     assert math.isclose(row["val_loss"], float(loss), rel_tol=1e-5), (row["val_loss"], float(loss))
 
 
-@pytest.mark.slow
-def test_a_bin_run_resumed_at_other_process_counts_keeps_its_global_batches(tmp_path):
+def test_a_bin_run_resumed_at_other_process_counts_keeps_its_global_batches(tmp_path, monkeypatch, capsys):
     """Checkpointed at batch 3 by 1 process, continued by 2 to batch 6, then by 1 again to batch 8 (1 -> 2 -> 1): the
     same global batches in the same order as a run that never changed size, so the same losses (within 1e-5)."""
     write_bin(tmp_path / "data", shakespeare_tokens()[:20_000])
@@ -46,10 +49,18 @@ def test_a_bin_run_resumed_at_other_process_counts_keeps_its_global_batches(tmp_
             "--device_train_microbatch_size=4", "--run_name=el", "--save_folder=run"]
     (tmp_path / "whole").mkdir()
     (tmp_path / "resized").mkdir()
-    run([*args, "--max_duration=8ba"], cwd=tmp_path / "whole")
-    run([*args, "--max_duration=3ba"], cwd=tmp_path / "resized")
+    monkeypatch.chdir(tmp_path / "whole")
+    train_main([*args, "--max_duration=8ba"])  # the run that never changed size; 1 process, this one
+    monkeypatch.chdir(tmp_path / "resized")
+    train_main([*args, "--max_duration=3ba"])
     for nproc, start, end in ((2, 3, 6), (0, 6, 8)):
-        out = run([*args, f"--max_duration={end}ba", "--autoresume=True"], cwd=tmp_path / "resized", nproc=nproc)
+        resumed = [*args, f"--max_duration={end}ba", "--autoresume=True"]
+        if nproc:  # `composer -n 2`
+            out = succeeded(run_train(resumed, tmp_path / "resized", nproc=nproc))
+        else:
+            capsys.readouterr()
+            train_main(resumed)
+            out = capsys.readouterr().out
         assert f"resuming from the checkpoint at batch {start} " in out and f"done: {end - start} batches" in out
     whole = losses_by_batch(tmp_path / "whole" / "run")
     resized = losses_by_batch(tmp_path / "resized" / "run")

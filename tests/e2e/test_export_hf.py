@@ -1,19 +1,16 @@
 """export_hf.py: a train.py run (model.pt, Composer checkpoint or run folder; local or s3://) becomes a Hugging Face
-GPT-2 folder that transformers loads offline, computing our logits and tokenizing exactly as tiktoken does."""
+GPT-2 folder that transformers loads offline, computing our logits and tokenizing exactly as tiktoken does; an
+existing OUT_DIR is kept unless it is an earlier export; the command line's errors are one line. The OUT_DIRs it
+refuses: tests/unit/test_export_hf.py."""
 
 import json
-import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 
 import export_hf
-import train
-from conftest import REPO, SHAKESPEARE
-from model import GPT, GPTConfig
+from helpers import SHAKESPEARE, failed_with_one_line, fake_run_folder, run_command, script, tiny_export, train_main
 from pilegpt import checkpoint
 from pilegpt.common import UserError
 from pilegpt.data import write_token_files
@@ -36,7 +33,6 @@ def tokenizer_dir(tmp_path_factory):
     return folder
 
 
-@pytest.mark.slow
 def test_exported_tokenizer_encodes_like_tiktoken(tokenizer_dir):
     from transformers import AutoTokenizer
 
@@ -51,12 +47,6 @@ def test_exported_tokenizer_encodes_like_tiktoken(tokenizer_dir):
     assert len(vocab) == 50257 and vocab["<|endoftext|>"] == 50256 and vocab["Ġthe"] == 262
     merges = (tokenizer_dir / "merges.txt").read_text().splitlines()
     assert merges[0] == "#version: 0.2" and merges[1:11] == FIRST_MERGES and len(merges) == 1 + 50000
-
-
-def test_byte_map_is_gpt2s():
-    m = export_hf.bytes_to_unicode()
-    assert len(set(m.values())) == 256
-    assert m[ord("A")] == "A" and m[ord(" ")] == "Ġ" and m[ord("\n")] == "Ċ" and m[0] == "Ā"
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -80,14 +70,13 @@ def data_dir(tmp_path_factory):
 def trained_run(request, data_dir, tmp_path_factory):
     """A tiny train.py run: 3 batches at a high learning rate, so the weights are far from their init."""
     run_dir = tmp_path_factory.mktemp("runs") / request.param
-    train.main([f"--data_dir={data_dir}", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32",
+    train_main([f"--data_dir={data_dir}", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32",
                 "--global_batch_size=4", "--device_train_microbatch_size=4", "--sample_length=0", "--warmup=0ba",
                 "--learning_rate=3e-2", "--max_duration=3ba", "--save_interval=3ba", "--device=cpu",
                 "--progress_bar=False", f"--save_folder={run_dir}", *RUNS[request.param]])
     return run_dir
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("src", ["run folder", "composer checkpoint"])
 def test_export_loads_in_transformers_and_computes_our_logits(trained_run, src, tmp_path, capsys):
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -117,15 +106,6 @@ def test_export_loads_in_transformers_and_computes_our_logits(trained_run, src, 
     assert greedy[0].tolist() == ours.generate(idx[:1, :8], 8, top_k=1)[0].tolist()
 
 
-def tiny_export(folder, **shape):
-    """A model.pt of a tiny untrained GPT (GPT-2's vocabulary unless shape says otherwise)."""
-    torch.manual_seed(0)
-    checkpoint.save_export(GPT(GPTConfig(**{"block_size": 16, "n_layer": 1, "n_head": 1, "n_embd": 8, **shape})),
-                           folder / "model.pt")
-    return folder / "model.pt"
-
-
-@pytest.mark.slow
 def test_existing_output_is_refused_and_overwrite_replaces_only_an_earlier_export(tmp_path, monkeypatch):
     (tmp_path / "src").mkdir()
     src = tiny_export(tmp_path / "src")  # not beside OUT_DIR: an OUT_DIR inside the source's folder is refused
@@ -162,71 +142,22 @@ def test_existing_output_is_refused_and_overwrite_replaces_only_an_earlier_expor
     assert link.is_dir() and not link.is_symlink() and {p.name: p.read_bytes() for p in out.iterdir()} == first
 
 
-def fake_run(folder):
-    """A run folder as train.py leaves it (the checkpoint's bytes do not matter: nothing may read it)."""
-    folder.mkdir()
-    tiny_export(folder)
-    (folder / "ep0-ba3-rank0.pt").write_bytes(b"a checkpoint")
-    (folder / "config.json").write_text("{}")
-    return {p.name: p.read_bytes() for p in folder.iterdir()}
-
-
-@pytest.mark.slow
 def test_exporting_a_run_into_itself_is_one_line_and_keeps_the_run(tmp_path):
     """`export_hf.py RUN RUN --overwrite` deleted the run's checkpoints and left only the export."""
-    before = fake_run(tmp_path / "run")
-    proc = subprocess.run([sys.executable, str(REPO / "export_hf.py"), "run", "run", "--overwrite"],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    assert proc.stderr.strip().splitlines() == [
+    before = fake_run_folder(tmp_path / "run")
+    result = run_command(script("export_hf.py", "run", "run", "--overwrite"), tmp_path)
+    assert failed_with_one_line(result, alone=True) == (
         f"error: OUT_DIR run is the run folder run ({tmp_path / 'run'}): an export there would replace or mix with "
-        "the run's files; pass an OUT_DIR outside it, e.g. hf/NAME"]
+        "the run's files; pass an OUT_DIR outside it, e.g. hf/NAME")
     assert {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()} == before
 
 
-@pytest.mark.parametrize("src, out, where", [
-    ("run", "run/hf", "lies inside the run folder"),
-    ("run/model.pt", "run", "is the folder of"),
-    ("run/model.pt", "run/sub/hf", "lies inside the folder of"),
-    ("run", ".", "contains the run folder"),
-    ("run", "link", "is the run folder"),  # a symlink to the run
-    ("link/model.pt", "run/../run", "is the folder of"),
-])
-def test_an_out_dir_that_is_contains_or_lies_inside_the_source_is_refused(tmp_path, monkeypatch, src, out, where):
-    before = fake_run(tmp_path / "run")
-    (tmp_path / "link").symlink_to(tmp_path / "run")
-    monkeypatch.chdir(tmp_path)
-    with pytest.raises(UserError, match=rf"^OUT_DIR {re.escape(out)} {where} {re.escape(src)} "):
-        export_hf.main([src, out, "--overwrite"])
-    assert {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()} == before
-
-
-def test_overwrite_never_replaces_a_run_folder(tmp_path):
-    before = fake_run(tmp_path / "run")
-    (tmp_path / "run" / "model.safetensors").write_bytes(b"x")  # even one that looks half like an export
-    (tmp_path / "other").mkdir()
-    with pytest.raises(UserError, match=r"run is not an earlier export \(it holds ep0-ba3-rank0.pt, model.pt\)"):
-        export_hf.main([str(tiny_export(tmp_path / "other")), str(tmp_path / "run"), "--overwrite"])
-    assert {p.name for p in (tmp_path / "run").iterdir()} == {*before, "model.safetensors"}
-
-
-def test_small_vocabulary_is_refused(tmp_path):
-    src = tiny_export(tmp_path, vocab_size=64)
-    with pytest.raises(UserError, match="vocabulary has 64 tokens, fewer than GPT-2's 50257"):
-        export_hf.main([str(src), str(tmp_path / "hf")])
-    assert not (tmp_path / "hf").exists()
-
-
-@pytest.mark.slow
 def test_cli_error_is_one_line_and_exit_code_2(tmp_path):
-    proc = subprocess.run([sys.executable, str(REPO / "export_hf.py"), str(tmp_path / "nope.pt"), str(tmp_path / "o")],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
-    assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [f"error: checkpoint {tmp_path / 'nope.pt'} not found: pass a "
-                                                "model.pt export, a Composer checkpoint, or a run folder"]
+    result = run_command(script("export_hf.py", tmp_path / "nope.pt", tmp_path / "o"), tmp_path)
+    assert failed_with_one_line(result, alone=True) == (f"error: checkpoint {tmp_path / 'nope.pt'} not found: pass a "
+                                                        "model.pt export, a Composer checkpoint, or a run folder")
 
 
-@pytest.mark.slow
 @pytest.mark.s3
 def test_export_from_s3(s3_env, tmp_path):
     src = tiny_export(tmp_path)

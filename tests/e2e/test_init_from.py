@@ -1,6 +1,7 @@
 """train.py's init_from (Hugging Face GPT-2 weights, a pile-gpt run) and the shape that train.py's Composer
 checkpoints carry (so sample.py, export_hf.py and init_from need no shape flags). Offline: a tiny GPT-2 built
-with transformers and saved with save_pretrained stands in for OpenAI's weights.
+with transformers and saved with save_pretrained stands in for OpenAI's weights. The one-line refusals:
+tests/unit/test_init_from.py.
 
 The runs read a "periodic" .bin dataset: one block of text repeated, so every training window is the same
 (x, y) pair and the loss of batch 1 (logged before the first update) can be recomputed from the source model.
@@ -17,7 +18,7 @@ import torch.nn.functional as F
 
 import sample
 import train
-from conftest import REPO, SHAKESPEARE
+from helpers import REPO, SHAKESPEARE, train_main
 from model import GPTConfig
 from pilegpt import checkpoint, hf
 from pilegpt.common import UserError
@@ -87,7 +88,6 @@ def hf_model(folder):
 # --------------------------------------------------------------------------------------------------------
 # Hugging Face GPT-2 in
 
-@pytest.mark.slow
 def test_hf_folder_gives_the_logits_of_transformers(hf_folder):
     gpt, origin = hf.load_pretrained(str(hf_folder))
     assert origin == f"the Hugging Face GPT-2 folder {hf_folder}"
@@ -99,7 +99,6 @@ def test_hf_folder_gives_the_logits_of_transformers(hf_folder):
     assert (ours - theirs).abs().max().item() < 1e-4  # measured: ~2e-6
 
 
-@pytest.mark.slow
 def test_finetune_preset_from_hf_folder_starts_at_the_source_loss(hf_folder, periodic_data, tmp_path, capsys):
     source_loss = loss_on_window(lambda x: hf_model(hf_folder)(x).logits)
     assert source_loss < 5.0  # the source learned the window: far below a fresh model's ln(50257) = 10.8
@@ -119,7 +118,6 @@ def test_finetune_preset_from_hf_folder_starts_at_the_source_loss(hf_folder, per
     assert checkpoint.load_model(str(run_dir)).config.block_size == T  # the position table was cropped
 
 
-@pytest.mark.slow
 def test_config_that_contradicts_the_source_is_one_error_naming_both(hf_folder, periodic_data, tmp_path):
     with pytest.raises(UserError) as e:
         train.main([f"--init_from={hf_folder}", f"--data_dir={periodic_data}", *BATCH, "--n_layer=4", "--bias=False",
@@ -133,45 +131,12 @@ def test_config_that_contradicts_the_source_is_one_error_naming_both(hf_folder, 
     assert not (tmp_path / "run").exists()  # refused before anything was written
 
 
-def test_gpt2_by_name_without_the_hub_is_a_one_line_error(monkeypatch, periodic_data, tmp_path):
-    import huggingface_hub
-
-    if huggingface_hub.try_to_load_from_cache("gpt2", "config.json"):
-        pytest.skip("gpt2 is in this machine's Hugging Face cache: the offline error cannot happen")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(UserError) as e:
-        train.main(["--init_from=gpt2", f"--data_dir={periodic_data}", *BATCH, f"--save_folder={tmp_path / 'run'}"])
-    message = str(e.value)
-    assert "\n" not in message
-    assert message.startswith("init_from=gpt2: OpenAI's gpt2 weights are not in the Hugging Face cache and the hub "
-                              "cannot be reached (HF_HUB_OFFLINE is set)")
-    assert message.endswith("download them once with network, or pass a local folder written by save_pretrained")
 
 
-def test_missing_source_is_a_one_line_error(periodic_data, tmp_path):
-    with pytest.raises(UserError, match=r"^init_from=\S+nope not found: pass scratch, one of gpt2, gpt2-medium"):
-        train.main([f"--init_from={tmp_path / 'nope'}", f"--data_dir={periodic_data}", *BATCH,
-                    f"--save_folder={tmp_path / 'run'}"])
 
 
-def test_a_truncated_model_safetensors_is_a_one_line_error(hf_folder, periodic_data, tmp_path, capsys):
-    import shutil
-
-    damaged = tmp_path / "copied-halfway"
-    shutil.copytree(hf_folder, damaged)
-    weights = (damaged / "model.safetensors").read_bytes()
-    (damaged / "model.safetensors").write_bytes(weights[: len(weights) // 2])  # a copy cut short
-    with pytest.raises(SystemExit) as e:
-        train.run_main(train.main, [f"--init_from={damaged}", f"--data_dir={periodic_data}", *BATCH,
-                                    f"--save_folder={tmp_path / 'run'}"])
-    err = capsys.readouterr().err
-    assert e.value.code == 2 and err.count("\n") == 1, err
-    assert err.startswith(f"error: init_from={damaged}: its .safetensors weights cannot be read (Error while "
-                          "deserializing header"), err
-    assert "copy the folder again or re-save it with save_pretrained" in err
 
 
-@pytest.mark.slow
 def test_unsupported_hf_settings_are_named(hf_folder, tmp_path):
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -188,12 +153,11 @@ def test_unsupported_hf_settings_are_named(hf_folder, tmp_path):
 def scratch_run(periodic_data, tmp_path_factory):
     """A tiny train.py run from scratch: 2 batches, a Composer checkpoint and model.pt at batch 2."""
     run_dir = tmp_path_factory.mktemp("scratch") / "run"
-    train.main([f"--data_dir={periodic_data}", *SMALL, "--learning_rate=1e-2", "--min_lr=1e-2", "--max_duration=2ba",
+    train_main([f"--data_dir={periodic_data}", *SMALL, "--learning_rate=1e-2", "--min_lr=1e-2", "--max_duration=2ba",
                 "--save_interval=2ba", f"--save_folder={run_dir}"])
     return run_dir
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("which", ["run folder", "composer checkpoint"])
 def test_init_from_a_pile_gpt_run_starts_at_its_loss(scratch_run, periodic_data, tmp_path, which, capsys):
     spec = scratch_run if which == "run folder" else scratch_run / "ep0-ba2-rank0.pt"
@@ -208,7 +172,6 @@ def test_init_from_a_pile_gpt_run_starts_at_its_loss(scratch_run, periodic_data,
     assert checkpoint.load_model(str(run_dir)).config == source.config
 
 
-@pytest.mark.slow
 @pytest.mark.s3
 def test_init_from_a_run_on_s3(scratch_run, periodic_data, s3_env, tmp_path):
     s3_env.client().upload_file(str(scratch_run / "ep0-ba2-rank0.pt"), s3_env.bucket, "runs/src/ep0-ba2-rank0.pt")
@@ -218,7 +181,6 @@ def test_init_from_a_run_on_s3(scratch_run, periodic_data, s3_env, tmp_path):
     assert abs(read_losses(tmp_path / "ft")[1] - loss_on_window(lambda x: source(x, targets=x)[0])) < 1e-4
 
 
-@pytest.mark.slow
 def test_autoresume_keeps_the_checkpoint_not_init_from(hf_folder, periodic_data, tmp_path, capsys):
     run_dir = tmp_path / "run"
     args = [f"--init_from={hf_folder}", f"--data_dir={periodic_data}", *BATCH, "--max_duration=4ba",
@@ -240,7 +202,6 @@ def test_autoresume_keeps_the_checkpoint_not_init_from(hf_folder, periodic_data,
     assert first[3] < first[1] - 0.01  # batch 3 trains on the checkpoint's weights, not the source's again
 
 
-@pytest.mark.slow
 def test_composer_checkpoints_of_train_py_carry_the_model_shape(scratch_run):
     state = torch.load(scratch_run / "ep0-ba2-rank0.pt", map_location="cpu", weights_only=False)["state"]["model"]
     assert state["_extra_state"] == {"model_args": dict(block_size=T, vocab_size=50257, n_layer=2, n_head=2,
@@ -249,7 +210,6 @@ def test_composer_checkpoints_of_train_py_carry_the_model_shape(scratch_run):
     assert all(torch.is_tensor(v) for v in export.values()) and not any("extra" in k for k in export)
 
 
-@pytest.mark.slow
 def test_sample_from_a_train_py_checkpoint_needs_no_shape_flags(scratch_run, capsys):
     def run(spec):
         assert sample.main(["--checkpoint", str(spec), "--device", "cpu", "--prompt", "ROMEO:", "--max-new-tokens",
@@ -261,7 +221,6 @@ def test_sample_from_a_train_py_checkpoint_needs_no_shape_flags(scratch_run, cap
     assert from_checkpoint == run(scratch_run / "model.pt")  # the same weights as the export at batch 2
 
 
-@pytest.mark.slow
 def test_a_checkpoint_from_before_model_args_still_resumes(scratch_run, periodic_data, tmp_path, capsys):
     run_dir = tmp_path / "old"
     run_dir.mkdir()

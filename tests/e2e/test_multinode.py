@@ -25,19 +25,22 @@ import pytest
 from helpers import (
     REPO,
     SMALL,
-    finish_launchers,
+    finish_all,
     free_port,
     losses_by_batch,
     read_jsonl,
-    run,
+    run_train,
     shakespeare_tokens,
-    start_launcher,
+    start,
+    succeeded,
+    train_env,
+    train_main,
+    wait_until,
     write_bin,
     write_mds,
 )
 from pilegpt.train.preemption import PREEMPTED
 
-pytestmark = pytest.mark.slow
 LOST_NODE_BOUND_S = 60  # node 0 stops this soon after node 1 is gone (gloo sees the closed connection at once)
 SLOW = "--callbacks={'faults:SlowBatches': {'seconds': 0.3}}"  # tests/faults.py: time to act mid-run
 
@@ -62,25 +65,20 @@ def start_nodes(args: list, folders: list[Path], env: dict, nproc: int = 1, wrap
     """One launcher per folder ("node"), node ranks in order, on 127.0.0.1; each in its own process group (and,
     with wrap=OWN_SHM, its own /dev/shm)."""
     port = free_port()
-    env = {**env, "PYTHONUNBUFFERED": "1", "PYTHONPATH": f"{REPO / 'tests'}{os.pathsep}{REPO}"}
     procs = []
     for node, folder in enumerate(folders):
         folder.mkdir(parents=True, exist_ok=True)
-        procs.append(start_launcher(
+        procs.append(start(
             [*wrap, sys.executable, "-m", "pilegpt.launch", "--world_size", str(len(folders) * nproc),
              "--nproc", str(nproc), "--node_rank", str(node), "--master_addr", "127.0.0.1", "--master_port", str(port),
              str(REPO / "train.py"), *args],
-            folder, env, folder / f"launch{len(list(folder.glob('launch*.log')))}.log"))
+            folder, train_env(env, nproc), folder / f"launch{len(list(folder.glob('launch*.log')))}.log"))
     return procs
 
 
-def wait_for_batch(metrics: Path, batch: int, procs: list[subprocess.Popen], timeout: float = 240) -> None:
-    deadline = time.time() + timeout
-    while not (metrics.is_file() and any(r.get("batch", 0) >= batch for r in read_jsonl(metrics))):
-        if time.time() > deadline or any(p.poll() is not None for p in procs):
-            outs = [out[-3000:] for _, out in finish_launchers(procs, timeout=30)]
-            raise AssertionError(f"the run ended before batch {batch}:\n" + "\n-----\n".join(outs))
-        time.sleep(0.05)
+def wait_for_batch(metrics: Path, batch: int, procs: list[subprocess.Popen]) -> None:
+    wait_until(lambda: metrics.is_file() and any(r.get("batch", 0) >= batch for r in read_jsonl(metrics)), procs,
+               f"batch {batch}")
 
 
 def left_behind(folders: list[Path]) -> list[str]:
@@ -95,7 +93,8 @@ def left_behind(folders: list[Path]) -> list[str]:
     return found
 
 
-def test_a_job_of_two_nodes_survives_a_lost_node_a_preemption_and_a_resume_on_one_node(tmp_path, s3_env, own_shm):
+def test_a_job_of_two_nodes_survives_a_lost_node_a_preemption_and_a_resume_on_one_node(tmp_path, s3_env, own_shm,
+                                                                                       monkeypatch, capsys):
     s3 = s3_env
     bucket = s3.root / s3.bucket
     tokens = shakespeare_tokens()[:40_000]
@@ -110,7 +109,8 @@ def test_a_job_of_two_nodes_survives_a_lost_node_a_preemption_and_a_resume_on_on
     # the reference: one node of 2 processes, never interrupted, with the job's sample order (Streaming shuffles
     # for num_canonical_nodes, by default the run's first node count: 1 here, 2 for the job)
     (tmp_path / "one_node").mkdir()
-    run([*args, f"--save_folder=s3://{s3.bucket}/one", "--num_canonical_nodes=2"], tmp_path / "one_node", nproc=2)
+    succeeded(run_train([*args, f"--save_folder=s3://{s3.bucket}/one", "--num_canonical_nodes=2"],
+                        tmp_path / "one_node", nproc=2))
     expected = losses_by_batch(tmp_path / "one_node" / "runs" / "mn")
     assert sorted(expected) == list(range(1, 10))
 
@@ -123,7 +123,7 @@ def test_a_job_of_two_nodes_survives_a_lost_node_a_preemption_and_a_resume_on_on
     wait_for_batch(metrics, 4, procs)
     os.killpg(procs[1].pid, signal.SIGKILL)
     lost_at = time.time()
-    (code0, out0), _ = finish_launchers(procs, timeout=LOST_NODE_BOUND_S)
+    (code0, out0), _ = finish_all(procs, timeout=LOST_NODE_BOUND_S)
     assert time.time() - lost_at < LOST_NODE_BOUND_S and code0 != 0, out0[-4000:]
     lines = [line for line in out0.splitlines() if "lost contact with another process of the job" in line]
     assert lines and "--autoresume=True" in lines[0], out0[-4000:]
@@ -136,7 +136,7 @@ def test_a_job_of_two_nodes_survives_a_lost_node_a_preemption_and_a_resume_on_on
     wait_for_batch(metrics, 5, procs)
     for p in procs:  # the scheduler signals every node
         p.send_signal(signal.SIGTERM)
-    (code0, out0), (code1, out1) = finish_launchers(procs)
+    (code0, out0), (code1, out1) = finish_all(procs)
     assert (code0, code1) == (PREEMPTED, PREEMPTED), out0[-3000:] + out1[-3000:]
     assert "resuming from the checkpoint at batch 3 " in out0
     stop = int(out0.split("stopped by SIGTERM after batch ")[1].split(",")[0])
@@ -145,10 +145,14 @@ def test_a_job_of_two_nodes_survives_a_lost_node_a_preemption_and_a_resume_on_on
     second = losses_by_batch(nodes[0] / "runs" / "mn")  # metrics.jsonl repeats the batches after the resume
     assert list((bucket / "job" / "logs").glob("*-rank1.txt"))  # node 1's log is the job's too: uploaded
 
-    # 3. one node of one process, on another machine, continues from exactly that batch (2 nodes -> 1)
+    # 3. one node of one process, on another machine (this process, in a working folder of its own), continues
+    # from exactly that batch (2 nodes -> 1)
     alone = tmp_path / "alone"
     alone.mkdir()
-    out = run([*args, f"--save_folder=s3://{s3.bucket}/job", "--autoresume=True"], alone)
+    monkeypatch.chdir(alone)
+    capsys.readouterr()
+    train_main([*args, f"--save_folder=s3://{s3.bucket}/job", "--autoresume=True"])
+    out = capsys.readouterr().out
     assert f"resuming from the checkpoint at batch {stop} " in out and f"done: {9 - stop} batches" in out
     third = losses_by_batch(alone / "runs" / "mn")
     assert sorted(third) == list(range(stop + 1, 10))  # no batch lost or repeated
@@ -164,7 +168,7 @@ def test_a_local_save_folder_the_nodes_do_not_share_is_refused_before_training(t
         write_bin(folder / "data", shakespeare_tokens()[:20_000])
     args = [*SMALL, "--data_dir=data", "--save_folder=run", "--device=cpu", "--progress_bar=False",
             "--max_duration=2ba", "--sample_length=0"]
-    results = finish_launchers(start_nodes(args, nodes, os.environ))
+    results = finish_all(start_nodes(args, nodes, os.environ))
     for node, (code, out) in enumerate(results):
         assert code != 0, out[-3000:]
         lines = [line for line in out.splitlines() if "is not shared by the job's nodes" in line]

@@ -6,33 +6,29 @@ processes that trains every batch; that two nodes give the losses of one node of
 test_multinode.py's. (The batch script's srun and requeue run on a real one-node Slurm in test_slurm_real.py.)"""
 
 import os
-import sys
 
 import numpy as np
-import pytest
 
 from helpers import (
     REPO,
     SMALL,
-    finish_launchers,
+    finish_all,
     free_port,
+    interpreter_bin,
     losses_by_batch,
     shakespeare_tokens,
-    start_launcher,
+    start,
+    train_env,
     write_bin,
 )
-
-pytestmark = pytest.mark.slow
 
 
 def test_two_slurm_nodes_on_one_host_form_one_job_that_trains_every_batch(tmp_path):
     args = [*SMALL, "--max_duration=4ba", "--eval_interval=100ba", "--save_interval=100ba", "--progress_bar=False",
             "--sample_length=0", "--device=cpu"]
-    stub = tmp_path / "bin"
-    stub.mkdir()
+    stub = interpreter_bin(tmp_path / "bin")  # launch.sh's bare `python` is this interpreter
     (stub / "scontrol").write_text("#!/bin/sh\necho 127.0.0.1\necho 127.0.0.1\n")  # show hostnames: both nodes
     (stub / "scontrol").chmod(0o755)
-    (stub / "python").symlink_to(sys.executable)
     port = free_port()
     procs = []
     for node in (0, 1):
@@ -40,11 +36,10 @@ def test_two_slurm_nodes_on_one_host_form_one_job_that_trains_every_batch(tmp_pa
         write_bin(folder / "data", shakespeare_tokens()[:20_000])  # each node its own copy
         env = {**os.environ, "PATH": f"{stub}{os.pathsep}{os.environ['PATH']}", "SLURM_NNODES": "2",
                "SLURM_NODEID": str(node), "SLURM_JOB_NODELIST": "node[0-1]", "SLURM_JOB_ID": "7",
-               "NPROC_PER_NODE": "1", "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1"}
-        procs.append(start_launcher(["bash", str(REPO / "scripts" / "slurm" / "launch.sh"), *args,
-                                     f"--data_dir={folder / 'data'}", f"--save_folder={tmp_path / 'shared'}"],
-                                    folder, env, folder / "launch.log"))
-    codes, outs = zip(*finish_launchers(procs))
+               "NPROC_PER_NODE": "1", "MASTER_PORT": str(port)}
+        procs.append(start(["bash", REPO / "scripts" / "slurm" / "launch.sh", *args, f"--data_dir={folder / 'data'}",
+                            f"--save_folder={tmp_path / 'shared'}"], folder, train_env(env), folder / "launch.log"))
+    codes, outs = zip(*finish_all(procs))
     assert list(codes) == [0, 0], "\n".join(o[-3000:] for o in outs)
     assert "2 process(es)" in outs[0]  # one job: the launchers met at the master address and port launch.sh gave
     assert not [p.name for p in (tmp_path / "shared").iterdir() if p.name.startswith(".node0-")]  # marker removed

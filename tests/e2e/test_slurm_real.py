@@ -10,18 +10,28 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
-from helpers import REPO, SMALL, free_port, losses_by_batch, read_jsonl, run, shakespeare_tokens, stop, write_bin
+from helpers import (
+    REPO,
+    SMALL,
+    free_port,
+    interpreter_bin,
+    losses_by_batch,
+    read_jsonl,
+    run_train,
+    shakespeare_tokens,
+    stop,
+    succeeded,
+    write_bin,
+)
 
 MISSING = [tool for tool in ("slurmctld", "slurmd", "sbatch", "scontrol", "scancel", "sinfo") if not shutil.which(tool)]
 pytestmark = [
-    pytest.mark.slow,
     pytest.mark.skipif(bool(MISSING), reason=f"no real Slurm here ({', '.join(MISSING)} not found): "
                                              "apt-get install slurm-wlm (.ci/run does, as root)"),
     pytest.mark.skipif(os.geteuid() != 0, reason="a single-host Slurm runs its daemons and jobs as root here"),
@@ -86,9 +96,9 @@ def slurm(tmp_path):
     """A single-host Slurm cluster in tmp_path/slurm; yields the environment its commands use (SLURM_CONF, and
     `python` is this interpreter). Teardown cancels its jobs, waits for them to end, and stops both daemons."""
     folder = tmp_path / "slurm"
-    for sub in ("state", "spool", "bin"):
+    for sub in ("state", "spool"):
         (folder / sub).mkdir(parents=True)
-    (folder / "bin" / "python").symlink_to(sys.executable)
+    interpreter_bin(folder / "bin")  # the job's bare `python` (launch.sh) is this interpreter
     node = subprocess.run(["slurmd", "-C"], capture_output=True, text=True, check=True).stdout.splitlines()[0]
     host = node.split()[0].removeprefix("NodeName=")  # this host's name and hardware, as slurmd sees them
     conf = folder / "slurm.conf"
@@ -123,13 +133,13 @@ def test_sigterm_on_a_real_slurm_checkpoints_requeues_and_resumes_loss_for_loss(
     whole = tmp_path / "whole"
     whole.mkdir()
     with ThreadPoolExecutor(1) as pool:  # the uninterrupted run, meanwhile
-        uninterrupted = pool.submit(run, [*args, f"--save_folder={whole / 'run'}"], whole, nproc=1)
+        uninterrupted = pool.submit(run_train, [*args, f"--save_folder={whole / 'run'}"], whole, nproc=1)
         metrics = saved / "metrics.jsonl"
         until(lambda: metrics.is_file() and any(r["batch"] >= 2 for r in read_jsonl(metrics)), 240, "batch 2")
         slurm_cmd(env, "scancel", "--signal=TERM", job)  # to the job's steps (srun's tasks), as --signal=TERM@300
         ended = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
         until(lambda: job_info(env, job)["JobState"] in ended, 300, f"job {job} to end")
-        uninterrupted.result()
+        succeeded(uninterrupted.result())
     expected = losses_by_batch(whole / "run")
 
     out, info = log.read_text(), job_info(env, job)  # the job's log: both runs (--open-mode=append)

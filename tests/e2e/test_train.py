@@ -1,18 +1,17 @@
 """train.py end to end on CPU: the real `composer` launcher, .bin / local MDS / MDS on a real S3 server,
 checkpoints and autoresume at the exact data position, two data-parallel processes, Shakespeare learning,
-and golden losses.
+cluster logs, and golden losses. Its parts and refusals: tests/unit/test_train.py.
 
 Golden losses: tests/golden/tiny_losses.json holds the first losses of config/tiny.py on a fixed corpus (the
 first GOLDEN_TOKENS tokens of tiny Shakespeare) with seed 1337. A deliberate numerical change (model, data
 order, optimizer) needs a new file:
-    REGENERATE_GOLDEN=1 python -m pytest -q tests/test_train.py -k golden
-and the commit that changes it says why.
+    REGENERATE_GOLDEN=1 python -m pytest -q tests/e2e/test_train.py -k golden
+(the test writes it and skips), and the commit that changes it says why.
 """
 
 import json
 import math
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -27,33 +26,25 @@ from helpers import (
     checkpoint_state,
     losses_by_batch,
     read_jsonl,
-    run,
+    run_command,
+    run_train,
+    succeeded,
     write_bin,
-    write_mds,
 )
-from pilegpt.common import UserError
-from pilegpt.train.loaders import BinDataset, collate_mds, resumable_sampler
 
 GOLDEN = REPO / "tests" / "golden" / "tiny_losses.json"
 GOLDEN_TOKENS = 40_000  # of tiny Shakespeare, 90% train / 10% val
 
-
-def batch_log(folder: Path) -> str:
-    """The train.py argument that makes each rank log its batches' sample hashes into folder (tests/batch_log.py)."""
-    return f"--callbacks={{'batch_log:BatchFingerprints': {{'folder': {str(folder)!r}}}}}"
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # the runs in this process, as train_env's subprocesses
 
 
-@pytest.fixture(scope="session")
-def bin_dir(tmp_path_factory, shakespeare_tokens) -> Path:
-    return write_bin(tmp_path_factory.mktemp("data") / "shakespeare", shakespeare_tokens)
-
-
-@pytest.fixture(scope="session")
-def mds_dir(tmp_path_factory, shakespeare_tokens) -> Path:
-    root = tmp_path_factory.mktemp("data") / "mds"
-    write_mds(root / "train", shakespeare_tokens[:200_000], 32, 2000)
-    write_mds(root / "val", shakespeare_tokens[200_000:], 32, 200)
-    return root
+def callbacks(folder: Path, hyperparameters: Path = None) -> str:
+    """The train.py argument that makes each rank log its batches' sample hashes into folder, and with
+    hyperparameters, a logger by import path write the settings it receives there (tests/batch_log.py)."""
+    chosen = {"batch_log:BatchFingerprints": {"folder": str(folder)}}
+    if hyperparameters:
+        chosen["batch_log:HyperparameterLog"] = {"path": str(hyperparameters)}
+    return f"--callbacks={chosen!r}"
 
 
 def fingerprints(run_dir: Path, rank: int = 0) -> dict[int, list[str]]:
@@ -88,76 +79,25 @@ def assert_resumed_where_it_stopped(first: Path, out: str, keep_batch: int, last
     assert state["timestamp"]["Timestamp"]["batch"] == last_batch
 
 
-# --------------------------------------------------------------------------------------------------------
-# Units: the .bin dataset and its resumable sampler.
-
-def test_bin_dataset_windows_do_not_overlap_and_y_is_x_shifted(tmp_path):
-    tokens = np.arange(1000, dtype=np.uint16)
-    write_bin(tmp_path / "d", tokens, val_fraction=0.0)
-    ds = BinDataset(str(tmp_path / "d" / "train.bin"), block_size=10)
-    assert len(ds) == 99  # (1000 - 1) // 10
-    s = ds[3]
-    assert s["x"].dtype == torch.int64 and s["x"].tolist() == list(range(30, 40))
-    assert s["y"].tolist() == list(range(31, 41))
-    assert ds[98]["y"][-1].item() == 990
-
-
-def test_resumable_sampler_skips_what_each_rank_already_trained(tmp_path):
-    write_bin(tmp_path / "d", np.arange(2000, dtype=np.uint16), val_fraction=0.0)
-    ds = BinDataset(str(tmp_path / "d" / "train.bin"), block_size=10)
-    full = [list(resumable_sampler(ds, world_size=2, rank=r, seed=5)) for r in (0, 1)]
-    assert not set(full[0]) & set(full[1])
-    ds.load_state_dict(ds.state_dict(num_samples=12, from_beginning=True))  # 12 samples over 2 ranks
-    sampler = resumable_sampler(ds, world_size=2, rank=1, seed=5)
-    assert list(sampler) == full[1][6:]
-    assert list(sampler) == full[1]  # the skip applies once, to the resumed epoch
+@pytest.fixture(scope="module")
+def launched_bin_run(shakespeare_bin, tmp_path_factory):
+    """One 6-batch .bin run through the real `composer -n 1` launcher, shared by the tests below: checkpoints and
+    evaluations every 3 batches, a step line every 2 batches (no progress bar), batch fingerprints and a
+    hyperparameter logger. Returns its args, its working folder, its output and the hyperparameters logged."""
+    tmp = tmp_path_factory.mktemp("launched")
+    run_dir = tmp / "run"
+    args = [str(REPO / "config" / "tiny.py"), f"--data_dir={shakespeare_bin}", *SMALL, "--max_duration=6ba",
+            "--save_interval=3ba", "--eval_interval=3ba", "--eval_subset_num_batches=2", "--log_interval=2",
+            "--speed_window=2", "--progress_bar=False", f"--save_folder={run_dir}", "--device=cpu",
+            callbacks(run_dir, tmp / "hyperparameters.json")]
+    out = succeeded(run_train(args, tmp, nproc=1))
+    return args, tmp, out, json.loads((tmp / "hyperparameters.json").read_text())
 
 
-def test_mds_batches_are_int64_pairs():
-    batch = collate_mds([{"x": np.arange(4, dtype=np.uint16), "y": np.arange(1, 5, dtype=np.uint16)}] * 3)
-    assert batch["x"].dtype == torch.int64 and batch["x"].shape == (3, 4) and batch["y"][0].tolist() == [1, 2, 3, 4]
-
-
-# --------------------------------------------------------------------------------------------------------
-# Clear errors before any training.
-
-def test_auto_microbatch_on_cpu_is_a_clear_error(bin_dir, tmp_path):
-    with pytest.raises(UserError, match="'auto' works on GPU only"):
-        train.main([f"--data_dir={bin_dir}", "--device=cpu", "--device_train_microbatch_size=auto",
-                    f"--save_folder={tmp_path}"])
-
-
-@pytest.mark.slow
-def test_missing_data_is_a_clear_error(tmp_path):
-    with pytest.raises(UserError, match="data_dir .*nope not found: make it with prepare_data.py"):
-        train.main([f"--data_dir={tmp_path / 'nope'}", "--device=cpu", f"--save_folder={tmp_path / 'run'}"])
-
-
-def test_mds_block_size_mismatch_is_a_clear_error(mds_dir, tmp_path):
-    with pytest.raises(UserError, match="samples of 32 tokens but block_size is 64: pass --block_size=32"):
-        train.main([f"--data_dir={mds_dir}", "--device=cpu", *SMALL, "--block_size=64",
-                    f"--save_folder={tmp_path / 'run'}"])
-
-
-def test_existing_checkpoints_are_never_overwritten_by_a_new_run(bin_dir, tmp_path):
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    (run_dir / "ep0-ba5-rank0.pt").write_bytes(b"precious")
-    with pytest.raises(UserError, match="already holds checkpoints .*--autoresume=True"):
-        train.main([f"--data_dir={bin_dir}", "--device=cpu", *SMALL, f"--save_folder={run_dir}"])
-    assert (run_dir / "ep0-ba5-rank0.pt").read_bytes() == b"precious"
-
-
-# --------------------------------------------------------------------------------------------------------
-# Training runs.
-
-@pytest.mark.slow
-def test_bin_training_with_composer_checkpoints_exports_and_resumes_at_the_same_data_position(bin_dir, tmp_path):
-    run_dir = tmp_path / "run"
-    args = [str(REPO / "config" / "tiny.py"), f"--data_dir={bin_dir}", *SMALL, "--max_duration=6ba",
-            "--save_interval=3ba", "--eval_interval=3ba", "--eval_subset_num_batches=2", f"--save_folder={run_dir}",
-            batch_log(run_dir), "--device=cpu"]
-    out = run(args, tmp_path, nproc=1)
+def test_bin_training_with_composer_checkpoints_exports_and_resumes_at_the_same_data_position(launched_bin_run,
+                                                                                           capsys):
+    args, tmp, out, _ = launched_bin_run
+    run_dir = tmp / "run"
     losses = losses_by_batch(run_dir)
     assert sorted(losses) == [1, 2, 3, 4, 5, 6] and all(math.isfinite(v) for v in losses.values())
     assert losses[6] < losses[1] - 0.1  # it learns
@@ -173,16 +113,16 @@ def test_bin_training_with_composer_checkpoints_exports_and_resumes_at_the_same_
     assert exported.config.n_embd == 32
 
     simulate_crash_after(run_dir, keep_batch=3)
-    out = run([*args, "--autoresume=True"], tmp_path)  # the same command; plain python starts faster
-    assert_resumed_where_it_stopped(run_dir, out, keep_batch=3, last_batch=6)
+    capsys.readouterr()
+    train.main([*args, "--autoresume=True"])  # the same settings, in this process: what is tested is the resume
+    assert_resumed_where_it_stopped(run_dir, capsys.readouterr().out, keep_batch=3, last_batch=6)
 
 
-@pytest.mark.slow
-def test_local_mds_training_resumes_the_streaming_position(mds_dir, tmp_path, capsys):
+def test_local_mds_training_resumes_the_streaming_position(shakespeare_mds, tmp_path, capsys):
     run_dir = tmp_path / "run"
-    args = [str(REPO / "config" / "tiny.py"), f"--data_dir={mds_dir}", *SMALL, "--max_duration=4ba",
+    args = [str(REPO / "config" / "tiny.py"), f"--data_dir={shakespeare_mds}", *SMALL, "--max_duration=4ba",
             "--save_interval=2ba", "--eval_interval=4ba", "--eval_subset_num_batches=2", f"--save_folder={run_dir}",
-            batch_log(run_dir), "--device=cpu", "--sample_length=0"]
+            callbacks(run_dir), "--device=cpu", "--sample_length=0"]
     train.main(args)  # in this process: the same code path as `python train.py`, without a second start-up
     losses = losses_by_batch(run_dir)
     assert sorted(losses) == [1, 2, 3, 4] and all(math.isfinite(v) for v in losses.values())
@@ -195,15 +135,14 @@ def test_local_mds_training_resumes_the_streaming_position(mds_dir, tmp_path, ca
     assert_resumed_where_it_stopped(run_dir, capsys.readouterr().out, keep_batch=2, last_batch=4)
 
 
-@pytest.mark.slow
-def test_two_processes_train_data_parallel_on_different_mds_samples_from_s3_and_save_to_s3(s3_env, mds_dir,
+def test_two_processes_train_data_parallel_on_different_mds_samples_from_s3_and_save_to_s3(s3_env, shakespeare_mds,
                                                                                           tmp_path):
-    client, remote = s3_env.client(), s3_env.upload_tree(mds_dir, "pile/mds")
+    client, remote = s3_env.client(), s3_env.upload_tree(shakespeare_mds, "pile/mds")
     args = [str(REPO / "config" / "tiny.py"), f"--data_remote={remote}", *SMALL,
             f"--data_local={tmp_path / 'cache'}", "--max_duration=3ba", "--eval_interval=3ba",
             "--eval_subset_num_batches=1", f"--save_folder=s3://{s3_env.bucket}/runs/s3run", "--save_interval=3ba",
-            "--device=cpu", "--sample_length=0", "--run_name=s3run", batch_log(tmp_path / "runs" / "s3run")]
-    out = run(args, tmp_path, nproc=2)
+            "--device=cpu", "--sample_length=0", "--run_name=s3run", callbacks(tmp_path / "runs" / "s3run")]
+    out = succeeded(run_train(args, tmp_path, nproc=2))
     assert s3_env.secret_key not in out
     run_dir = tmp_path / "runs" / "s3run"  # the local side of an S3 run: logs, metrics, debug files
     losses = losses_by_batch(run_dir)
@@ -224,7 +163,6 @@ def test_two_processes_train_data_parallel_on_different_mds_samples_from_s3_and_
     assert (tmp_path / "cache" / f"{s3_env.bucket}_pile_mds" / "train" / "index.json").is_file()
 
 
-@pytest.mark.slow
 def test_a_run_without_validation_data_trains_and_never_evaluates(shakespeare_tokens, tmp_path, capsys):
     data = write_bin(tmp_path / "noval", shakespeare_tokens[:20_000], val_fraction=0.0)
     assert not (data / "val.bin").exists()
@@ -234,19 +172,17 @@ def test_a_run_without_validation_data_trains_and_never_evaluates(shakespeare_to
     assert [r["batch"] for r in rows] == [1, 2] and not any("val_loss" in r for r in rows)
 
 
-@pytest.mark.slow
-def test_shakespeare_val_loss_falls_far_below_uniform(bin_dir, tmp_path):
+def test_shakespeare_val_loss_falls_far_below_uniform(shakespeare_bin, tmp_path):
     run_dir = tmp_path / "run"
-    train.main([str(REPO / "config" / "tiny.py"), f"--data_dir={bin_dir}", "--block_size=32", "--learning_rate=1e-2",
-                "--min_lr=1e-3", "--max_duration=100ba", "--eval_interval=100ba", "--eval_subset_num_batches=8",
-                "--device=cpu", f"--save_folder={run_dir}", "--sample_length=0"])
+    train.main([str(REPO / "config" / "tiny.py"), f"--data_dir={shakespeare_bin}", "--block_size=32",
+                "--learning_rate=1e-2", "--min_lr=1e-3", "--max_duration=100ba", "--eval_interval=100ba",
+                "--eval_subset_num_batches=8", "--device=cpu", f"--save_folder={run_dir}", "--sample_length=0"])
     val = [r["val_loss"] for r in read_jsonl(run_dir / "metrics.jsonl") if "val_loss" in r]
     # ln(50257) = 10.82 is a uniform guess; the train split's unigram frequencies score 6.49 on val. Measured
     # here: 6.37 after these 100 batches of 8 x 32 tokens (25,600 tokens, 15 s).
     assert len(val) == 1 and val[0] < 6.9
 
 
-@pytest.mark.slow
 def test_golden_losses_of_tiny_config(shakespeare_tokens, tmp_path):
     data = write_bin(tmp_path / "golden", shakespeare_tokens[:GOLDEN_TOKENS])
     run_dir = tmp_path / "run"
@@ -258,35 +194,16 @@ def test_golden_losses_of_tiny_config(shakespeare_tokens, tmp_path):
         GOLDEN.write_text(json.dumps({"config": "config/tiny.py", "corpus": f"tiny Shakespeare, first {GOLDEN_TOKENS} "
                                       "GPT-2 tokens, 10% val", "seed": 1337, "torch": torch.__version__,
                                       "losses": losses}, indent=2) + "\n")
+        pytest.skip(f"regenerated {GOLDEN.relative_to(REPO)}: compared against nothing; check its diff")
     golden = json.loads(GOLDEN.read_text())["losses"]
     np.testing.assert_allclose(losses, golden, rtol=1e-4)
 
 
-def test_the_per_batch_nan_check_reads_the_logged_loss_and_checks_weights_only_before_a_save():
-    from types import SimpleNamespace
-
-    from composer.core import Event
-
-    from pilegpt.train.callbacks import StopOnNonFinite
-
-    model = train.ComposerGPT(train.GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=4, vocab_size=16))
-    with torch.no_grad():
-        model.model.lm_head.weight[0, 0] = float("nan")
-    state = SimpleNamespace(model=model, total_loss_dict={"loss/train/total": 2.5},
-                            timestamp=SimpleNamespace(batch=7))
-    stop = StopOnNonFinite(learning_rate=1e-3, save_interval="100ba")
-    stop.batch_end(state, None)  # a finite loss: the weights are not read on an ordinary batch
-    with pytest.raises(UserError, match="the weights went NaN or infinite at batch 7"):
-        stop.run_event(Event.FIT_END, state, None)  # before the final checkpoint and export
-    state.total_loss_dict = {"loss/train/total": math.inf}
-    with pytest.raises(UserError, match="the training loss went NaN or infinite at batch 7, so the run stopped"):
-        stop.batch_end(state, None)
 
 
-@pytest.mark.slow
-def test_train_metrics_are_computed_only_when_a_stopper_watches_them(bin_dir, tmp_path):
-    args = [str(REPO / "config" / "tiny.py"), f"--data_dir={bin_dir}", *SMALL, "--max_duration=2ba", "--device=cpu",
-            "--eval_interval=100ba", "--sample_length=0"]
+def test_train_metrics_are_computed_only_when_a_stopper_watches_them(shakespeare_bin, tmp_path):
+    args = [str(REPO / "config" / "tiny.py"), f"--data_dir={shakespeare_bin}", *SMALL, "--max_duration=2ba",
+            "--device=cpu", "--eval_interval=100ba", "--sample_length=0"]
     stopper = "--callbacks={'early_stopper': {'monitor': 'LanguageCrossEntropy', 'dataloader_label': 'train'}}"
     for name, extra in (("plain", []), ("stopper", [stopper])):
         train.main([*args, f"--save_folder={tmp_path / name}", *extra])
@@ -296,25 +213,17 @@ def test_train_metrics_are_computed_only_when_a_stopper_watches_them(bin_dir, tm
     assert "metrics/train/LanguageCrossEntropy" in logged["stopper"]
 
 
-@pytest.mark.slow
-def test_cluster_logs_are_plain_lines_and_every_setting_reaches_the_loggers(bin_dir, tmp_path):
-    hyper = tmp_path / "hyperparameters.json"
-    out = run([str(REPO / "config" / "tiny.py"), f"--data_dir={bin_dir}", *SMALL, "--max_duration=6ba",
-               "--log_interval=2", "--speed_window=2", "--progress_bar=False", "--device=cpu",
-               f"--save_folder={tmp_path / 'run'}",
-               f"--callbacks={{'batch_log:HyperparameterLog': {{'path': {str(hyper)!r}}}}}"], tmp_path, nproc=1)
+def test_cluster_logs_are_plain_lines_and_every_setting_reaches_the_loggers(launched_bin_run):
+    *_, out, logged = launched_bin_run
     assert "\x1b[" not in out and "\r" not in out  # no cursor codes: a log file stays readable
     steps = [line for line in out.splitlines() if line.startswith("step ") and "| loss " in line]
     assert [line.split()[1] for line in steps] == ["1/6ba", "2/6ba", "4/6ba", "6/6ba"]
     assert "k tok/s" in steps[-1] and " | eta 0h00m" in steps[-2]  # tokens/s over the last 2 batches; time left
-    logged = json.loads(hyper.read_text())
     assert logged["learning_rate"] == 3e-3 and logged["max_duration"] == "6ba" and logged["n_layer"] == 2
 
 
-@pytest.mark.slow
 def test_help_answers_without_importing_torch():
-    result = subprocess.run([sys.executable, "-X", "importtime", str(REPO / "train.py"), "--help"],
-                            capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0 and "learning_rate = 0.0006" in result.stdout
-    imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines() if "|" in line}
+    out = succeeded(run_command([sys.executable, "-X", "importtime", REPO / "train.py", "--help"], timeout=60))
+    assert "learning_rate = 0.0006" in out
+    imported = {line.split("|")[-1].strip() for line in out.splitlines() if line.startswith("import time:")}
     assert "torch" not in imported and "composer" not in imported

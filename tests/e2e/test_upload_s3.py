@@ -1,25 +1,32 @@
-"""Tests for upload_s3.py and the s3_upload.py it runs on, against a real S3 server (`rclone serve s3` on loopback,
-see conftest.py).
+"""upload_s3.py and the s3_upload.py it runs on, against a real S3 server (`rclone serve s3` on loopback, see
+conftest.py): every file up, reruns skip, index.json last, a kill resumes, verification, credentials and faults.
+What it refuses without a server, S3 URLs and error texts: tests/unit/test_upload_s3.py.
 
-The datasets are real MDS datasets written with streaming.MDSWriter, shaped like to_mds.py's output: columns x and y,
-each BLOCK tokens of uint16, y = x shifted by one. S3 requests are watched through botocore's event hooks on the
+The datasets are MDS datasets as to_mds.py writes them (helpers.write_mds: data.py's columns, x and y of BLOCK
+uint16 tokens, y = x shifted by one), of random tokens. S3 requests are watched through botocore's event hooks on the
 client s3.make_client returns: every S3 request goes through it.
 """
 
 import json
 import re
 import shutil
-import subprocess
-import sys
-import time
 import uuid
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import upload_s3
-from helpers import REPO, free_port
+from helpers import (
+    failed_with_one_line,
+    files_of,
+    free_port,
+    run_command,
+    script,
+    start,
+    upload_s3_main,
+    wait_until,
+    write_random_mds,
+)
 from pilegpt import compat, s3
 from pilegpt.common import UserError
 from pilegpt.mds import s3_upload
@@ -28,29 +35,12 @@ BLOCK = 64  # tokens per sample in the small dataset
 SECRET_NOT_TO_LEAK = "wrong-secret-that-must-not-leak-7c1e"
 
 
-def write_mds(out: Path, n_samples: int, block_size: int, size_limit: int, seed: int,
-              compression=None) -> np.ndarray:
-    """Write an MDS dataset like to_mds.py's (x, y = block_size tokens, y = x shifted by one); return the tokens.
-
-    Sample i is x = tokens[i*T:(i+1)*T], y = tokens[i*T+1:(i+1)*T+1] with T = block_size.
-    """
-    from streaming import MDSWriter
-
-    tokens = np.random.default_rng(seed).integers(0, 50257, size=n_samples * block_size + 1, dtype=np.uint16)
-    with MDSWriter(out=str(out), columns={"x": "ndarray:uint16", "y": "ndarray:uint16"}, size_limit=size_limit,
-                   compression=compression, progress_bar=False) as writer:
-        for i in range(n_samples):
-            window = tokens[i * block_size:(i + 1) * block_size + 1]
-            writer.write({"x": window[:-1], "y": window[1:]})
-    return tokens
-
-
 @pytest.fixture(scope="module")
 def small_mds(tmp_path_factory):
     """mds/train (about 8 shards) + mds/val (2 shards) + a side file; returns (folder, {split: tokens})."""
     root = tmp_path_factory.mktemp("small") / "mds"
-    tokens = {"train": write_mds(root / "train", 2000, BLOCK, 1 << 16, seed=1),
-              "val": write_mds(root / "val", 300, BLOCK, 1 << 16, seed=2)}
+    tokens = {"train": write_random_mds(root / "train", 2000, BLOCK, 1 << 16, seed=1),
+              "val": write_random_mds(root / "val", 300, BLOCK, 1 << 16, seed=2)}
     (root / "to_mds.json").write_text(json.dumps({"block_size": BLOCK, "dtype": "uint16"}))
     return root, tokens
 
@@ -59,7 +49,7 @@ def small_mds(tmp_path_factory):
 def big_mds(tmp_path_factory):
     """big/train: 14 shards of about 6 MB (multipart with 5 MB parts), for the interrupted-upload test."""
     root = tmp_path_factory.mktemp("big") / "big"
-    write_mds(root / "train", 14 * 1500, 1024, 6 << 20, seed=3)
+    write_random_mds(root / "train", 14 * 1500, 1024, 6 << 20, seed=3)
     return root
 
 
@@ -73,22 +63,9 @@ def unique_prefix(name: str) -> str:
     return f"{name}-{uuid.uuid4().hex[:8]}"
 
 
-def local_files(root: Path) -> dict[str, bytes]:
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-
-
 def server_files(s3, prefix: str) -> dict[str, bytes]:
     """What the server holds under the prefix, read from the folder it serves."""
-    return local_files(s3.root / s3.bucket / prefix) if (s3.root / s3.bucket / prefix).is_dir() else {}
-
-
-def upload(capsys, *args: str) -> tuple[int, int, str]:
-    """Run upload_s3.main in-process; return (files uploaded, files skipped, summary line)."""
-    assert upload_s3.main([str(a) for a in args]) == 0
-    line = capsys.readouterr().out.strip().splitlines()[-1]
-    m = re.match(r"(?:dry run: would )?upload(?:ed)? (\d+) files .*skip(?:ped)? (\d+) unchanged", line)
-    assert m, line
-    return int(m.group(1)), int(m.group(2)), line
+    return files_of(s3.root / s3.bucket / prefix) if (s3.root / s3.bucket / prefix).is_dir() else {}
 
 
 def record_requests(monkeypatch) -> list[tuple[str, str, str]]:
@@ -121,13 +98,13 @@ def record_requests(monkeypatch) -> list[tuple[str, str, str]]:
 def test_upload_puts_every_file_and_rerun_skips_everything(s3_env, small_mds, capsys):
     root, _ = small_mds
     prefix = unique_prefix("rerun")
-    n_files = len(local_files(root))
-    uploaded, skipped, line = upload(capsys, root, f"s3://{s3_env.bucket}/{prefix}", "--workers", "4")
+    n_files = len(files_of(root))
+    uploaded, skipped, line = upload_s3_main(capsys, root, f"s3://{s3_env.bucket}/{prefix}", "--workers", "4")
     assert (uploaded, skipped) == (n_files, 0)
     assert f"verified {n_files} objects" in line and "MB/s" in line
-    assert server_files(s3_env, prefix) == local_files(root)  # byte for byte, same layout
+    assert server_files(s3_env, prefix) == files_of(root)  # byte for byte, same layout
 
-    uploaded, skipped, line = upload(capsys, root, f"s3://{s3_env.bucket}/{prefix}/")
+    uploaded, skipped, line = upload_s3_main(capsys, root, f"s3://{s3_env.bucket}/{prefix}/")
     assert (uploaded, skipped) == (0, n_files)
     assert f"verified {n_files} objects" in line
 
@@ -137,11 +114,11 @@ def test_index_json_goes_up_after_every_shard_it_lists(s3_env, small_mds, capsys
     root, _ = small_mds
     calls = record_requests(monkeypatch)
     prefix = unique_prefix("order")
-    upload(capsys, root, f"s3://{s3_env.bucket}/{prefix}", "--workers", "8")
+    upload_s3_main(capsys, root, f"s3://{s3_env.bucket}/{prefix}", "--workers", "8")
     puts = [(i, what, key) for i, (what, op, key) in enumerate(calls) if op == "PutObject"]
     index_starts = [i for i, what, key in puts if what == "start" and key.endswith("/index.json")]
     other_dones = [i for i, what, key in puts if what == "done" and not key.endswith("/index.json")]
-    assert len(index_starts) == 2 and len(other_dones) == len(local_files(root)) - 2
+    assert len(index_starts) == 2 and len(other_dones) == len(files_of(root)) - 2
     assert min(index_starts) > max(other_dones)
 
 
@@ -151,17 +128,17 @@ def test_same_size_changed_shard_is_replaced_after_its_old_index_is_deleted(s3_e
     root = tmp_path / "mds"
     shutil.copytree(small_mds[0], root)
     prefix = unique_prefix("changed")
-    upload(capsys, root, f"s3://{s3_env.bucket}/{prefix}")
+    upload_s3_main(capsys, root, f"s3://{s3_env.bucket}/{prefix}")
     shard = root / "train" / "shard.00003.mds"
     data = bytearray(shard.read_bytes())
     data[-1] ^= 0xFF  # same size, other content: only the checksum can tell
     shard.write_bytes(bytes(data))
 
     calls = record_requests(monkeypatch)
-    uploaded, skipped, _ = upload(capsys, root, f"s3://{s3_env.bucket}/{prefix}")
+    uploaded, skipped, _ = upload_s3_main(capsys, root, f"s3://{s3_env.bucket}/{prefix}")
     # the shard, and train/index.json: deleted before the shard went up, so it goes up again last
-    assert uploaded == 2 and skipped == len(local_files(root)) - 2
-    assert server_files(s3_env, prefix) == local_files(root)
+    assert uploaded == 2 and skipped == len(files_of(root)) - 2
+    assert server_files(s3_env, prefix) == files_of(root)
     ops = [(what, op, key.split(f"{prefix}/")[-1]) for what, op, key in calls if op in ("PutObject", "DeleteObject")]
     assert ops == [("start", "DeleteObject", "train/index.json"), ("done", "DeleteObject", "train/index.json"),
                    ("start", "PutObject", "train/shard.00003.mds"), ("done", "PutObject", "train/shard.00003.mds"),
@@ -172,36 +149,31 @@ def test_same_size_changed_shard_is_replaced_after_its_old_index_is_deleted(s3_e
 def test_dry_run_reports_and_changes_nothing(s3_env, small_mds, capsys, monkeypatch):
     root, _ = small_mds
     prefix = unique_prefix("dry")
-    uploaded, skipped, line = upload(capsys, root, f"s3://{s3_env.bucket}/{prefix}", "--dry-run")
-    assert (uploaded, skipped) == (len(local_files(root)), 0) and "nothing was changed" in line
+    uploaded, skipped, line = upload_s3_main(capsys, root, f"s3://{s3_env.bucket}/{prefix}", "--dry-run")
+    assert (uploaded, skipped) == (len(files_of(root)), 0) and "nothing was changed" in line
     assert server_files(s3_env, prefix) == {}
 
 
 @pytest.mark.s3
-@pytest.mark.slow
 def test_killed_upload_resumes_to_a_complete_dataset(s3_env, big_mds, tmp_path, capsys):
     prefix = unique_prefix("killed")
     shards = {p.name: p.stat().st_size for p in (big_mds / "train").glob("shard.*")}
     served = s3_env.root / s3_env.bucket / prefix / "train"
-    proc = subprocess.Popen([sys.executable, str(REPO / "upload_s3.py"), str(big_mds), f"s3://{s3_env.bucket}/{prefix}",
-                             "--workers", "1", "--part-size-mb", "5"], cwd=tmp_path,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 60
-    try:  # kill it hard as soon as one whole shard is on the server
-        while not any(p.name in shards and p.stat().st_size == shards[p.name] for p in served.glob("shard.*")):
-            assert proc.poll() is None and time.time() < deadline, "the upload ended before it could be killed"
-            time.sleep(0.005)
-    finally:
-        proc.kill()
-        proc.wait()
+    proc = start(script("upload_s3.py", big_mds, f"s3://{s3_env.bucket}/{prefix}", "--workers", 1,
+                        "--part-size-mb", 5), tmp_path)
+    # kill it hard as soon as one whole shard is on the server
+    wait_until(lambda: any(p.name in shards and p.stat().st_size == shards[p.name] for p in served.glob("shard.*")),
+               proc, "whole shard on the server before the upload ended", seconds=60)
+    proc.kill()
+    proc.wait()
     done = {p.name for p in served.glob("shard.*") if p.stat().st_size == shards[p.name]}
     assert 1 <= len(done) < len(shards)
     assert not (served / "index.json").exists()  # a reader finds no dataset rather than a broken one
 
-    uploaded, skipped, line = upload(capsys, big_mds, f"s3://{s3_env.bucket}/{prefix}", "--workers", "2",
+    uploaded, skipped, line = upload_s3_main(capsys, big_mds, f"s3://{s3_env.bucket}/{prefix}", "--workers", "2",
                                      "--part-size-mb", "5")
     assert skipped >= len(done) and uploaded == len(shards) + 1 - skipped
-    assert server_files(s3_env, prefix) == local_files(big_mds)
+    assert server_files(s3_env, prefix) == files_of(big_mds)
 
 
 @pytest.mark.s3
@@ -210,7 +182,7 @@ def test_streaming_reads_back_every_token(s3_env, small_mds, tmp_path, capsys):
 
     root, tokens = small_mds
     prefix = unique_prefix("stream")
-    upload(capsys, root, f"s3://{s3_env.bucket}/{prefix}")
+    upload_s3_main(capsys, root, f"s3://{s3_env.bucket}/{prefix}")
     compat.clean_stale_shared_memory()
     for split in ("train", "val"):
         dataset = StreamingDataset(remote=f"s3://{s3_env.bucket}/{prefix}/{split}", local=str(tmp_path / split),
@@ -230,7 +202,7 @@ def test_streaming_reads_back_every_token(s3_env, small_mds, tmp_path, capsys):
 def test_verify_reports_a_damaged_object_and_a_rerun_repairs_it(s3_env, small_mds, capsys):
     root, _ = small_mds
     prefix = unique_prefix("damaged")
-    upload(capsys, root, f"s3://{s3_env.bucket}/{prefix}")
+    upload_s3_main(capsys, root, f"s3://{s3_env.bucket}/{prefix}")
     victim = s3_env.root / s3_env.bucket / prefix / "val" / "shard.00000.mds"
     victim.write_bytes(victim.read_bytes()[:-10])  # damaged behind the uploader's back
 
@@ -238,9 +210,9 @@ def test_verify_reports_a_damaged_object_and_a_rerun_repairs_it(s3_env, small_md
     target = s3.S3Dir(f"s3://{s3_env.bucket}/{prefix}", s3_env.client())
     with pytest.raises(UserError, match=r"verification failed for 1 of .*val/shard.00000.mds is \d+ bytes"):
         s3_upload.verify(target, files, s3_upload.Result())
-    uploaded, _, _ = upload(capsys, root, f"s3://{s3_env.bucket}/{prefix}")
+    uploaded, _, _ = upload_s3_main(capsys, root, f"s3://{s3_env.bucket}/{prefix}")
     assert uploaded == 2  # the shard, and val/index.json after it
-    assert server_files(s3_env, prefix) == local_files(root)
+    assert server_files(s3_env, prefix) == files_of(root)
 
 
 # --- refusing what is not an MDS dataset -----------------------------------------------------------------------
@@ -255,7 +227,7 @@ def test_folder_without_index_is_refused_unless_any_folder(s3_env, tmp_path, cap
     with pytest.raises(UserError, match=r"is not an MDS dataset: no index.json .*--any-folder"):
         upload_s3.main([str(folder), f"s3://{s3_env.bucket}/x"])
     prefix = unique_prefix("any")
-    uploaded, _, _ = upload(capsys, folder, f"s3://{s3_env.bucket}/{prefix}", "--any-folder")
+    uploaded, _, _ = upload_s3_main(capsys, folder, f"s3://{s3_env.bucket}/{prefix}", "--any-folder")
     assert uploaded == 1 and server_files(s3_env, prefix) == {"a.txt": b"hello"}  # hidden files stay home
 
 
@@ -264,102 +236,40 @@ def test_only_what_index_json_lists_goes_up_not_the_copies_a_reader_decompressed
     from streaming import StreamingDataset
 
     root = tmp_path / "mds"
-    write_mds(root / "train", 600, BLOCK, 1 << 15, seed=6, compression="zstd")
-    write_mds(root / "val", 100, BLOCK, 1 << 15, seed=7, compression="zstd")
+    write_random_mds(root / "train", 600, BLOCK, 1 << 15, seed=6, compression="zstd")
+    write_random_mds(root / "val", 100, BLOCK, 1 << 15, seed=7, compression="zstd")
     (root / "train" / "to_mds.json").write_text(json.dumps({"block_size": BLOCK}))
-    as_written = local_files(root)  # index.json, shard.NNNNN.mds.zstd, to_mds.json
+    as_written = files_of(root)  # index.json, shard.NNNNN.mds.zstd, to_mds.json
     compat.clean_stale_shared_memory()
     dataset = StreamingDataset(local=str(root / "train"), shuffle=False, batch_size=1)
     assert sum(1 for _ in dataset) == 600  # read in place: Streaming decompresses every shard beside its .zstd
-    copies = sorted(set(local_files(root)) - set(as_written))
+    copies = sorted(set(files_of(root)) - set(as_written))
     assert len(copies) >= 3 and all(re.fullmatch(r"train/shard\.\d{5}\.mds", c) for c in copies), copies
 
     prefix = unique_prefix("listed")
-    uploaded, skipped, line = upload(capsys, root, f"s3://{s3_env.bucket}/{prefix}")
+    uploaded, skipped, line = upload_s3_main(capsys, root, f"s3://{s3_env.bucket}/{prefix}")
     assert server_files(s3_env, prefix) == as_written  # the bucket's keys and bytes: the dataset as written
     assert (uploaded, skipped) == (len(as_written), 0)
     assert line.endswith(f"; skipped {len(copies)} files index.json does not list (e.g. {copies[0]})"), line
 
     prefix = unique_prefix("listed-any")
-    upload(capsys, root, f"s3://{s3_env.bucket}/{prefix}", "--any-folder")
-    assert server_files(s3_env, prefix) == local_files(root)  # --any-folder: every file, copies included
-
-
-def test_dataset_with_a_missing_shard_is_refused(small_mds, tmp_path):
-    root = tmp_path / "mds"
-    shutil.copytree(small_mds[0], root)
-    (root / "train" / "shard.00002.mds").unlink()
-    with pytest.raises(UserError, match=r"train/shard.00002.mds is missing, though \S*train/index.json lists it: "
-                                       r"the dataset is incomplete"):
-        upload_s3.main([str(root), "s3://bucket/x"])
-
-
-@pytest.mark.parametrize("name", ["../outside.mds", "/etc/hostname"])
-def test_an_index_naming_a_file_outside_its_folder_is_refused(small_mds, tmp_path, name):
-    root = tmp_path / "mds"
-    shutil.copytree(small_mds[0], root)
-    (tmp_path / "outside.mds").write_bytes(b"not to be uploaded")
-    index = json.loads((root / "train" / "index.json").read_text())
-    index["shards"][0]["raw_data"]["basename"] = name
-    (root / "train" / "index.json").write_text(json.dumps(index))
-    with pytest.raises(UserError, match=rf"train/index.json lists the shard file '{name}', which is not a plain name "
-                                        r"inside its folder"):
-        upload_s3.main([str(root), "s3://bucket/x"])
-
-
-def test_compressed_dataset_needs_its_compressed_shards(tmp_path):
-    write_mds(tmp_path / "z", 300, BLOCK, 1 << 15, seed=4, compression="zstd:1")
-    assert len(s3_upload.collect_files(tmp_path / "z").files) > 2  # index + .zstd shards: accepted
-    next((tmp_path / "z").glob("*.zstd")).unlink()
-    with pytest.raises(UserError, match=r"/shard.0000\d.mds.zstd is missing, though \S*/index.json lists it"):
-        s3_upload.collect_files(tmp_path / "z")
-
-
-def test_stray_files_beside_datasets_are_refused(small_mds, tmp_path):
-    root = tmp_path / "mds"
-    shutil.copytree(small_mds[0], root)
-    (root / "logs").mkdir()
-    (root / "logs" / "run.log").write_text("x")
-    with pytest.raises(UserError, match=r"run.log is not part of an MDS dataset"):
-        s3_upload.collect_files(root)
-
-
-@pytest.mark.parametrize("url", ["my-bucket/x", "s3:///x", "gs://b/x"])
-def test_remote_must_be_an_s3_url(url):
-    with pytest.raises(UserError, match="s3://bucket/prefix"):
-        s3.parse_s3_url(url)
-
-
-def test_s3_url_prefix_is_normalised():
-    assert s3.parse_s3_url("s3://b/some/prefix/") == ("b", "some/prefix")
-    assert s3.parse_s3_url("s3://b") == ("b", "")
-    assert s3.S3Dir("s3://b").key("train/index.json") == "train/index.json"  # no client needed for that
+    upload_s3_main(capsys, root, f"s3://{s3_env.bucket}/{prefix}", "--any-folder")
+    assert server_files(s3_env, prefix) == files_of(root)  # --any-folder: every file, copies included
 
 
 # --- s3.S3Dir: a prefix as a folder -----------------------------------------------------------------------
 
 
-def test_endpoint_comes_from_the_flag_then_aws_endpoint_url_then_s3_endpoint_url(monkeypatch):
-    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://aws:1")
-    monkeypatch.setenv("S3_ENDPOINT_URL", "http://s3:2")
-    assert s3.endpoint_url("http://flag:3") == "http://flag:3"
-    assert s3.endpoint_url() == "http://aws:1"
-    monkeypatch.delenv("AWS_ENDPOINT_URL")
-    assert s3.endpoint_url() == "http://s3:2"
-    monkeypatch.delenv("S3_ENDPOINT_URL")
-    assert s3.endpoint_url() is None
-
-
 @pytest.mark.s3
 def test_s3dir_reads_lists_copies_downloads_and_deletes_objects(s3_env, small_mds, tmp_path, capsys):
     prefix = unique_prefix("dir")
-    upload(capsys, small_mds[0], f"s3://{s3_env.bucket}/{prefix}")
+    upload_s3_main(capsys, small_mds[0], f"s3://{s3_env.bucket}/{prefix}")
     root = s3.S3Dir(f"s3://{s3_env.bucket}/{prefix}/")  # a client from make_client, endpoint from the env
     train = root.child("train")
     assert root.url == f"s3://{s3_env.bucket}/{prefix}" and train.key("index.json") == f"{prefix}/train/index.json"
     assert train.exists("index.json") and not train.exists("no-such-file")
     assert json.loads(train.read("index.json")) == json.loads((small_mds[0] / "train" / "index.json").read_text())
-    assert root.names() == sorted(local_files(small_mds[0]))  # relative names, subfolders included
+    assert root.names() == sorted(files_of(small_mds[0]))  # relative names, subfolders included
 
     copy = s3.S3Dir(f"s3://{s3_env.bucket}/{unique_prefix('copy')}", root.client)
     copy.copy_from(train, "index.json")
@@ -400,13 +310,11 @@ def test_s3dir_faults_are_one_line_user_errors(s3_env, monkeypatch):
 def test_wrong_secret_is_one_clear_line_and_never_shows_the_secret(s3_server, small_mds, tmp_path):
     env = {**s3_server.env(), "AWS_SECRET_ACCESS_KEY": SECRET_NOT_TO_LEAK, "PATH": "/usr/bin:/bin",
            "HOME": str(tmp_path)}
-    proc = subprocess.run([sys.executable, str(REPO / "upload_s3.py"), str(small_mds[0]),
-                           f"s3://{s3_server.bucket}/wrong"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=60)
-    assert proc.returncode == 2
-    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: wrong credentials")
-    assert "AWS_SECRET_ACCESS_KEY" in proc.stderr
-    assert SECRET_NOT_TO_LEAK not in proc.stderr + proc.stdout
+    code, out = run_command(script("upload_s3.py", small_mds[0], f"s3://{s3_server.bucket}/wrong"), tmp_path, env,
+                            timeout=60)
+    error = failed_with_one_line((code, out), alone=True)
+    assert error.startswith("error: wrong credentials") and "AWS_SECRET_ACCESS_KEY" in error
+    assert SECRET_NOT_TO_LEAK not in out
 
 
 @pytest.mark.s3
@@ -461,78 +369,8 @@ def test_credentials_come_from_dotenv_in_the_working_directory(s3_env, small_mds
                                    f"AWS_SECRET_ACCESS_KEY={s3_env.secret_key}\n")
     monkeypatch.chdir(tmp_path)
     prefix = unique_prefix("dotenv")
-    uploaded, _, _ = upload(capsys, small_mds[0], f"s3://{s3_env.bucket}/{prefix}")
-    assert uploaded == len(local_files(small_mds[0]))
-
-
-def client_error(code: str, status: int, op: str = "ListObjectsV2"):
-    from botocore.exceptions import ClientError
-
-    return ClientError({"Error": {"Code": code, "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": status}}, op)
-
-
-@pytest.mark.parametrize("code,status,op,expected", [
-    ("AccessDenied", 403, "ListObjectsV2", r"^access denied to s3://b/p at http://e \(ListObjectsV2\): .*s3:PutObject"),
-    ("403", 403, "HeadObject", r"^access denied to s3://b/p at http://e \(HeadObject\)"),
-    ("InvalidAccessKeyId", 403, "ListObjectsV2", r"^wrong credentials: .*\*\*\*\*ABCD; check AWS_ACCESS_KEY_ID"),
-    ("SignatureDoesNotMatch", 403, "PutObject", r"^wrong credentials: .*check AWS_SECRET_ACCESS_KEY"),
-    ("ExpiredToken", 400, "ListObjectsV2", r"^the credentials have expired"),
-    ("NoSuchBucket", 404, "ListObjectsV2", r"^bucket 'b' does not exist at http://e: create it"),
-    ("PermanentRedirect", 301, "ListObjectsV2", r"^bucket 'b' is in another region .*AWS_DEFAULT_REGION"),
-    ("SlowDown", 503, "PutObject", r"^the store at http://e kept failing PutObject .* after 5 attempts"),
-])
-def test_store_errors_name_the_cause_and_the_fix(code, status, op, expected):
-    text = s3.describe_client_error(client_error(code, status, op), "b", "s3://b/p", " at http://e", 5,
-                                           "****ABCD")
-    assert re.search(expected, text), text
-    assert "\n" not in text
-
-
-# --- multipart ETags (not an MD5), as AWS S3 gives them: moto, since rclone's ETag is always the MD5 --------------
-
-
-def test_multipart_objects_compare_by_stored_md5(tmp_path, capsys, monkeypatch):
-    import boto3
-    from boto3.s3.transfer import TransferConfig
-    from moto import mock_aws
-
-    for name in ("AWS_ENDPOINT_URL", "S3_ENDPOINT_URL", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    folder = tmp_path / "blobs"
-    folder.mkdir()
-    (folder / "big.bin").write_bytes(np.random.default_rng(5).bytes(6 << 20))  # two 5 MB parts
-    with mock_aws():
-        client = boto3.client("s3", region_name="us-east-1")
-        client.create_bucket(Bucket="aws-like")
-        # the same bytes put there by another tool: a multipart ETag and no md5chksum, so it cannot be trusted
-        client.upload_file(str(folder / "big.bin"), "aws-like", "p/big.bin",
-                           Config=TransferConfig(multipart_threshold=5 << 20, multipart_chunksize=5 << 20))
-        assert client.head_object(Bucket="aws-like", Key="p/big.bin")["ETag"].endswith('-2"')
-
-        args = (folder, "s3://aws-like/p", "--any-folder", "--part-size-mb", "5")
-        uploaded, skipped, line = upload(capsys, *args)
-        assert (uploaded, skipped) == (1, 0) and "(1 by MD5" in line
-        head = client.head_object(Bucket="aws-like", Key="p/big.bin")
-        assert head["ETag"].endswith('-2"') and head["Metadata"] == {"md5chksum": s3_upload.b64(
-            s3_upload.file_md5(folder / "big.bin"))}
-
-        uploaded, skipped, line = upload(capsys, *args)
-        assert (uploaded, skipped) == (0, 1) and "(1 by MD5" in line
-
-
-def test_env_example_holds_only_placeholders():
-    from dotenv import dotenv_values
-
-    # A copied .env.example sets nothing: a placeholder key would override an instance role's credentials.
-    assert dotenv_values(REPO / ".env.example") == {}
-    text = (REPO / ".env.example").read_text()
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "S3_ENDPOINT_URL", "DATA_REMOTE"):
-        assert f"# {name}=" in text  # documented, commented out
-    uncommented = dotenv_values(stream=__import__("io").StringIO(text.replace("# DATA_REMOTE=", "DATA_REMOTE=")))
-    s3.parse_s3_url(uncommented["DATA_REMOTE"])
+    uploaded, _, _ = upload_s3_main(capsys, small_mds[0], f"s3://{s3_env.bucket}/{prefix}")
+    assert uploaded == len(files_of(small_mds[0]))
 
 
 @pytest.mark.s3

@@ -1,62 +1,12 @@
-"""bench/bench_gpu.py: its --smoke run on CPU writes a row for every variant (so the GPU script cannot rot), and the
-pieces that only a GPU run exercises (peak memory from Composer's file log, the MFU peak table) read what they should.
-"""
-
-import importlib.util
-import subprocess
-import sys
+"""bench/bench_gpu.py: the pieces that only a GPU run exercises (peak memory from Composer's file log, step timing,
+the MFU peak table) read what they should. Its --smoke run on CPU: tests/e2e/test_bench_gpu.py."""
 
 import pytest
 
-from conftest import REPO
+from helpers import REPO, load_module
 
 SCRIPT = REPO / "bench" / "bench_gpu.py"
-
-
-def load_bench():
-    spec = importlib.util.spec_from_file_location("bench_gpu", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_gpu"] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = load_bench()
-
-
-def table_rows(markdown: str) -> dict[str, dict[str, str]]:
-    """The markdown table's rows by their first cell, each as {column: cell}."""
-    lines = [ln for ln in markdown.splitlines() if ln.startswith("| ")]
-    columns = [c.strip() for c in lines[0].strip("|").split("|")]
-    rows = [dict(zip(columns, (c.strip() for c in ln.strip("|").split("|")))) for ln in lines[1:]]
-    return {r["variant"]: r for r in rows}
-
-
-def number(cell: str) -> float:
-    return float(cell.replace(",", ""))
-
-
-@pytest.mark.slow
-def test_smoke_run_has_every_variant_and_loader_row(tmp_path):
-    out = tmp_path / "x.md"
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--out", str(out)], capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
-    text = out.read_text()
-    rows = table_rows(text)
-    for v in bench.VARIANTS:
-        assert v.name in rows, f"no row for {v.name}:\n{text}"
-        if v.gpu_only:
-            assert rows[v.name]["note"] == "skipped: GPU only (--smoke)"
-        else:
-            assert number(rows[v.name]["tokens/s"]) > 0, rows[v.name]
-    assert rows[bench.BASELINE][f"vs {bench.BASELINE}"] == "1.00x"
-    for workers in (2, 0):
-        assert number(rows[f"loader, {workers} workers"]["samples/s"]) > 0
-    assert "Recommended for config/pile.py, from this run: " in text and "num_workers=" in text
-    # every run's output, metrics and Composer log are kept beside the table
-    assert (tmp_path / "x_logs" / f"{bench.BASELINE}.out.txt").is_file()
-    assert (tmp_path / "x_logs" / f"{bench.BASELINE}.metrics.jsonl").is_file()
+bench = load_module(SCRIPT, "bench_gpu")
 
 
 def test_peak_memory_and_auto_microbatch_are_read_from_composer_file_log():

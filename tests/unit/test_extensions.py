@@ -1,16 +1,12 @@
 """extensions.py: Composer algorithms and callbacks by name, through train.py's `algorithms` and `callbacks`.
 
-Fast: every Composer algorithm and callback is either supported or refused with a reason; unknown names get a
+Every Composer algorithm and callback is either supported or refused with a reason; unknown names get a
 did-you-mean; device, precision and argument mistakes are one-line errors before training; the default run
-keeps grad_clip's clipping alone. Slow: each supported algorithm applies to this GPT (its match fires and
-steps run); a real `composer` launcher run with EMA and a user callback (EventCounter, by import path)
-against the same run without EMA: EMA changes only what is exported, and the callback gets its events.
+keeps grad_clip's clipping alone; each supported algorithm applies to this GPT (its match fires and steps run).
+A real `composer` launcher run with EMA and a user callback: tests/e2e/test_extensions.py.
 """
 
-import json
 import math
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,8 +14,7 @@ import torch
 from composer.core import Callback
 
 import train
-from conftest import REPO, SHAKESPEARE
-from helpers import SMALL, checkpoint_state, run, tokenize, write_bin
+from helpers import SMALL, main_error, write_bin
 from pilegpt.common import UserError
 from pilegpt.train import config as train_config
 from pilegpt.train import extensions
@@ -43,7 +38,7 @@ def composer_names(package, base) -> dict[str, str]:
 def test_every_composer_algorithm_is_supported_or_refused_with_a_reason():
     import composer.algorithms
     import composer.callbacks
-    from composer.core import Algorithm, Callback
+    from composer.core import Algorithm
 
     algorithms = composer_names(composer.algorithms, Algorithm)
     assert set(extensions.ALGORITHMS) | set(extensions.NOT_FOR_THIS_MODEL) == set(algorithms) | {"fused_layernorm"}
@@ -117,11 +112,9 @@ def test_device_precision_and_argument_mistakes_are_one_line_errors(tmp_path):
 ])
 def test_an_error_is_one_line_and_exit_2(tmp_path, capsys, setting, start):
     data = write_bin(tmp_path / "data", np.arange(5000, dtype=np.uint16))
-    with pytest.raises(SystemExit) as e:
-        train.run_main(train.main, [f"--data_dir={data}", *SMALL, "--device=cpu", f"--save_folder={tmp_path / 'r'}",
-                                    setting])
-    err = capsys.readouterr().err
-    assert e.value.code == 2 and err.count("\n") == 1 and err.startswith(start)
+    error = main_error(train.main, [f"--data_dir={data}", *SMALL, "--device=cpu", f"--save_folder={tmp_path / 'r'}",
+                                    setting], capsys)
+    assert error.startswith(start)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -212,77 +205,3 @@ def test_the_export_holds_the_ema_weights_even_without_a_checkpoint_at_the_end(o
     name = "transformer.h.0.mlp.c_fc.weight"
     assert torch.equal(exported[name], state.model.model.state_dict()[name])
     assert not torch.allclose(exported[name], training[f"model.{name}"])
-
-
-# --------------------------------------------------------------------------------------------------------
-# Through the real launcher: EMA, a user callback by import path, a Composer callback by name
-
-class EventCounter(Callback):
-    """A user callback, passed to train.py as 'test_extensions:EventCounter': counts the events it subscribes to
-    and writes the counts to `path` at the end of training."""
-
-    def __init__(self, path: str):
-        self.path, self.counts = path, {}
-
-    def _count(self, event: str) -> None:
-        self.counts[event] = self.counts.get(event, 0) + 1
-
-    def fit_start(self, state, logger):
-        self._count("fit_start")
-
-    def batch_end(self, state, logger):
-        self._count("batch_end")
-
-    def eval_end(self, state, logger):
-        self._count("eval_end")
-
-    def fit_end(self, state, logger):
-        self._count("fit_end")
-        Path(self.path).write_text(json.dumps(self.counts))
-
-
-@pytest.fixture(scope="module")
-def ema_runs(tmp_path_factory):
-    """The same 6-batch run without EMA (in this process) and with it (the composer launcher, in a subprocess)."""
-    tmp = tmp_path_factory.mktemp("ema")
-    data = write_bin(tmp / "data", np.array(tokenize(SHAKESPEARE.read_text()[:60_000]), dtype=np.uint16))
-    args = [str(REPO / "config" / "tiny.py"), f"--data_dir={data}", *SMALL, "--max_duration=6ba", "--eval_interval=3ba",
-            "--save_interval=3ba", "--eval_subset_num_batches=2", "--sample_length=0", "--device=cpu"]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a tiny model on a busy 2-core machine (conftest.one_torch_thread)
-    try:
-        train.main([*args, f"--save_folder={tmp / 'plain'}"])
-    finally:
-        torch.set_num_threads(threads)
-    counts = tmp / "events.json"
-    run([*args, f"--save_folder={tmp / 'ema'}", "--algorithms={'ema': {'half_life': '2ba'}}",
-         f"--callbacks={{'test_extensions:EventCounter': {{'path': {str(counts)!r}}}, "
-         f"'optimizer_monitor': {{'batch_log_interval': 1}}}}"], tmp, nproc=1)
-    return tmp
-
-
-@pytest.mark.slow
-def test_ema_changes_the_exported_weights_and_nothing_else(ema_runs):
-    from pilegpt.checkpoint import load_model_file
-
-    plain = load_model_file(ema_runs / "plain" / "model.pt").state_dict()
-    ema = load_model_file(ema_runs / "ema" / "model.pt").state_dict()
-    name = "transformer.h.1.attn.c_attn.weight"
-    assert not torch.allclose(ema[name], plain[name], atol=1e-6)  # EMA changes what is exported...
-    state = checkpoint_state(ema_runs / "ema" / "ep0-ba6-rank0.pt")
-    # ...to the weights Composer checkpoints as the model (EMA's), while EMA's own state holds the training
-    # weights, which are those of the run without EMA: averaging never fed back into training.
-    [ema_state] = [s for cls, s in state["algorithms"] if cls == "EMA"]
-    assert ema_state["ema_weights_active"]
-    assert torch.equal(ema[name], state["model"][f"model.{name}"])
-    training = ema_state["ema_model"]["named_parameters_dict"][f"model.{name}"]
-    torch.testing.assert_close(training, plain[name], rtol=1e-4, atol=1e-6)
-
-
-@pytest.mark.slow
-def test_a_user_callback_by_import_path_and_a_composer_callback_by_name_run(ema_runs):
-    counts = json.loads((ema_runs / "events.json").read_text())
-    assert counts == {"fit_start": 1, "batch_end": 6, "eval_end": 2, "fit_end": 1}  # evaluations at batches 3, 6
-    [log] = (ema_runs / "ema" / "logs").glob("*-rank0.txt")
-    assert "l2_norm/grad/global" in log.read_text()  # optimizer_monitor's metrics, logged every batch
-    assert os.path.isfile(ema_runs / "ema" / "config.json")

@@ -1,6 +1,6 @@
-"""pilegpt/train/lock.py: a run holds its save_folder (local or s3://); a second run is refused naming the
-holder, a dead run's lock is taken over (this machine: its process is gone;
-another machine: its heartbeat stood still)."""
+"""pilegpt/train/lock.py: a run holds its save_folder; a second run is refused naming the holder, a dead run's lock
+is taken over (this machine: its process is gone; another machine: its heartbeat stood still). An s3://
+save_folder: tests/e2e/test_lock.py."""
 
 import json
 import subprocess
@@ -112,12 +112,3 @@ def test_release_leaves_a_lock_that_another_run_took_alone(tmp_path):
     assert json.loads((tmp_path / ".lock").read_text())["token"] == "someone else's"
 
 
-def test_an_s3_save_folder_is_held_the_same_way(s3_env):
-    folder = f"s3://{s3_env.bucket}/runs/locked"
-    with lock.hold(folder, "first"):
-        key = "runs/locked/.lock"
-        body = s3_env.client().get_object(Bucket=s3_env.bucket, Key=key)["Body"].read()
-        assert json.loads(body)["run_name"] == "first"
-        with pytest.raises(UserError, match=rf"^{folder} is in use by run 'first' .*delete {folder}/.lock\)$"):
-            lock.acquire(folder, "second")
-    assert "Contents" not in s3_env.client().list_objects_v2(Bucket=s3_env.bucket, Prefix=key)

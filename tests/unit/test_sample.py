@@ -1,17 +1,14 @@
-"""Tests for sample.py: reproducible sampling from a model.pt export or a real Composer checkpoint, local or
-on the loopback S3 server, and refusal of files that would run code when unpickled."""
+"""sample.py in this process: reproducible sampling from a model.pt export or a real Composer checkpoint, and refusal
+of files that would run code when unpickled. Its command line, its memory, and S3: tests/e2e/test_sample.py."""
 
 import os
 import pickle
-import subprocess
-import sys
-from dataclasses import asdict
 
 import pytest
 import torch
 
 import sample
-from conftest import REPO
+from helpers import composer_checkpoint
 from model import GPT, GPTConfig
 from pilegpt import checkpoint
 from pilegpt.checkpoint import EXPORT_NAME, save_export
@@ -84,26 +81,6 @@ def test_samples_come_in_batches_and_the_first_batch_is_what_one_batch_gives(exp
     assert run(capsys, *argv, "--num-samples", "2", "--batch-size", "64") == two  # the default: as before
 
 
-@pytest.mark.slow
-def test_memory_does_not_grow_with_the_number_of_samples(export):
-    """--num-samples 100000 was killed by the kernel: every sample's logits were held at once. Peak memory of 64
-    and of 4,000 samples (with the old code: ~0.8 GB of logits per token step more)."""
-    def peak_rss_mb(num_samples: int) -> tuple[float, int]:
-        code = ("import atexit, resource, runpy, sys; atexit.register(lambda: print('maxrss', resource.getrusage("
-                "resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)); sys.argv[0] = 'sample.py'; "
-                f"runpy.run_path({str(REPO / 'sample.py')!r}, run_name='__main__')")
-        proc = subprocess.run([sys.executable, "-c", code, "--checkpoint", str(export), "--device", "cpu",
-                               "--max-new-tokens", "2", "--num-samples", str(num_samples)],
-                              capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        return int(proc.stderr.split("maxrss ")[-1]) / 1024, proc.stdout.count(sample.SEPARATOR + "\n")
-
-    small, n_small = peak_rss_mb(64)
-    big, n_big = peak_rss_mb(4000)
-    assert (n_small, n_big) == (64, 4000)
-    assert big < small + 150, (small, big)
-
-
 def test_run_folder_resolves_to_its_export(export, capsys):
     argv = ["--prompt", "x", "--max-new-tokens", "5", "--seed", "9"]
     assert run(capsys, "--checkpoint", str(export.parent), *argv) == run(capsys, "--checkpoint", str(export), *argv)
@@ -155,75 +132,14 @@ def test_missing_and_wrong_files_are_one_line_errors(tmp_path):
         sample.main(["--checkpoint", str(other), "--temperature", "0"])
 
 
-@pytest.mark.slow
-def test_cli_prints_one_line_error_and_exits_2(tmp_path):
-    proc = subprocess.run([sys.executable, str(REPO / "sample.py"), "--checkpoint", str(tmp_path / "nope.pt")],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
-    assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [f"error: checkpoint {tmp_path / 'nope.pt'} not found: pass a "
-                                                f"model.pt export, a Composer checkpoint, or a run folder"]
-    assert proc.stdout == ""
-
-
-def test_export_on_s3(export, s3_env, capsys):
-    client = s3_env.client()
-    client.upload_file(str(export), s3_env.bucket, f"runs/a/{EXPORT_NAME}")
-    argv = ["--prompt", "Once upon", "--max-new-tokens", "8", "--seed", "5"]
-    local = run(capsys, "--checkpoint", str(export), *argv)
-    assert run(capsys, "--checkpoint", f"s3://{s3_env.bucket}/runs/a/{EXPORT_NAME}", *argv) == local
-    assert run(capsys, "--checkpoint", f"s3://{s3_env.bucket}/runs/a", *argv) == local  # a run folder
-    with pytest.raises(UserError, match="not found"):
-        sample.main(["--checkpoint", f"s3://{s3_env.bucket}/runs/missing/model.pt"])
-
-
-def test_s3_without_credentials_is_a_clear_error(monkeypatch, s3_server, tmp_path):
-    monkeypatch.chdir(tmp_path)  # no .env here
-    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint_url)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "wrong")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong-secret")
-    with pytest.raises(UserError, match="cannot read s3://test-bucket/x/model.pt"):
-        sample.main(["--checkpoint", f"s3://{s3_server.bucket}/x/model.pt"])
-
-
 # ---------------------------------------------------------------------------------------------------------
-# A real Composer checkpoint (Composer 0.32 Trainer, 2 batches on CPU)
-
-def make_composer_checkpoint(folder, with_model_args: bool):
-    from composer import Trainer
-    from composer.models import ComposerModel
-    from torch.utils.data import DataLoader, TensorDataset
-
-    class Wrapper(ComposerModel):  # the shape of train.py's wrapper: the GPT in .model
-        def __init__(self, config):
-            super().__init__()
-            self.model = GPT(config)
-
-        def forward(self, batch):
-            return self.model(batch[0], targets=batch[1])
-
-        def loss(self, outputs, batch):
-            return outputs[1]
-
-    if with_model_args:  # what train.py does so that sample.py knows the shape
-        Wrapper.get_extra_state = lambda self: {"model_args": asdict(self.model.config)}
-        Wrapper.set_extra_state = lambda self, state: None
-
-    torch.manual_seed(0)
-    model = Wrapper(GPTConfig(**CONFIG))
-    x = torch.randint(0, 50257, (4, 8))
-    loader = DataLoader(TensorDataset(x, torch.roll(x, -1, 1)), batch_size=2)
-    trainer = Trainer(model=model, train_dataloader=loader, max_duration="2ba", save_folder=str(folder),
-                      optimizers=torch.optim.AdamW(model.parameters(), lr=1e-3), progress_bar=False,
-                      loggers=[], device="cpu")
-    trainer.fit()
-    trainer.close()
-    return model.model
+# A real Composer checkpoint (Composer 0.32 Trainer, 2 batches on CPU: helpers.composer_checkpoint)
 
 
 @pytest.fixture(scope="module")
 def composer_run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("composer_run")
-    gpt = make_composer_checkpoint(folder, with_model_args=True)
+    gpt = composer_checkpoint(folder, CONFIG, with_model_args=True)
     return folder, gpt
 
 
@@ -249,21 +165,8 @@ def test_composer_checkpoint_needs_the_allow_list(composer_run):
     assert unsafe <= allowed, f"allow-list COMPOSER_SAFE_GLOBALS misses {unsafe - allowed}"
 
 
-def test_composer_checkpoint_on_s3_through_its_symlink(composer_run, s3_env, capsys):
-    folder, _ = composer_run
-    client = s3_env.client()
-    target = os.path.basename(os.path.realpath(folder / "latest-rank0.pt"))  # ep0-ba2-rank0.pt
-    client.upload_file(str(folder / target), s3_env.bucket, f"runs/c/{target}")
-    # Composer's remote "latest" is a text object naming the checkpoint's object key
-    client.put_object(Bucket=s3_env.bucket, Key="runs/c/latest-rank0.pt.symlink", Body=f"runs/c/{target}".encode())
-    argv = ["--prompt", "A", "--max-new-tokens", "6", "--seed", "2"]
-    local = run(capsys, "--checkpoint", str(folder), *argv)
-    assert run(capsys, "--checkpoint", f"s3://{s3_env.bucket}/runs/c", *argv) == local
-    assert run(capsys, "--checkpoint", f"s3://{s3_env.bucket}/runs/c/latest-rank0.pt", *argv) == local
-
-
 def test_composer_checkpoint_without_model_args_needs_n_head(tmp_path, capsys):
-    gpt = make_composer_checkpoint(tmp_path, with_model_args=False)
+    gpt = composer_checkpoint(tmp_path, CONFIG, with_model_args=False)
     ckpt = str(tmp_path / "latest-rank0.pt")
     with pytest.raises(UserError, match="pass --n-head"):
         checkpoint.load_model(ckpt)

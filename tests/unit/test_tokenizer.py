@@ -6,7 +6,7 @@ import hashlib
 import numpy as np
 import pytest
 
-from conftest import SHAKESPEARE
+from helpers import SHAKESPEARE
 from pilegpt import tokenizer
 
 MIXED = "Hello world! It\u2019s 2026\u2014caf\u00e9 na\u00efve \u6771\u4eac \U0001F600\n\n   indented\tx<|endoftext|>"
