@@ -73,9 +73,13 @@ def clone_repo(workdir: Path, final) -> Path:
     """What MCLI's git_repo integration does: the repository at `path` in the run's working directory (here
     the working tree, without data, runs or caches)."""
     dest = workdir / git_repo_integration(final)["path"]
-    shutil.copytree(REPO, dest, ignore=shutil.ignore_patterns(
-        ".git", "data", "runs", "mds", "out", "__pycache__", ".pytest_cache", ".benchmarks", ".env", "tb_logs",
-        "wandb", "mlruns", ".venv", "*.egg-info"))
+    top = {"data", "runs", "mds", "out", "tb_logs", "wandb", "mlruns", ".venv"}  # at the top only: pilegpt/mds/ stays
+    anywhere = shutil.ignore_patterns(".git", "__pycache__", ".pytest_cache", ".benchmarks", ".env", "*.egg-info")
+
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        return set(anywhere(folder, names)) | (top & set(names) if Path(folder) == REPO else set())
+
+    shutil.copytree(REPO, dest, ignore=ignore)
     return dest
 
 
