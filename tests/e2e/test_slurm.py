@@ -6,6 +6,7 @@ processes that trains every batch; that two nodes give the losses of one node of
 test_multinode.py's. (The batch script's srun and requeue run on a real one-node Slurm in test_slurm_real.py.)"""
 
 import os
+import sys
 
 import numpy as np
 
@@ -16,8 +17,10 @@ from helpers import (
     free_port,
     interpreter_bin,
     losses_by_batch,
+    run_command,
     shakespeare_tokens,
     start,
+    succeeded,
     train_env,
     write_bin,
 )
@@ -26,7 +29,8 @@ from helpers import (
 def test_two_slurm_nodes_on_one_host_form_one_job_that_trains_every_batch(tmp_path):
     args = [*SMALL, "--max_duration=4ba", "--eval_interval=100ba", "--save_interval=100ba", "--progress_bar=False",
             "--sample_length=0", "--device=cpu"]
-    stub = interpreter_bin(tmp_path / "bin")  # launch.sh's bare `python` is this interpreter
+    stub = interpreter_bin(tmp_path / "bin")  # launch.sh's bare `python` is this interpreter, with its packages
+    assert succeeded(run_command([stub / "python", "-c", "import sys; print(sys.prefix)"])).strip() == sys.prefix
     (stub / "scontrol").write_text("#!/bin/sh\necho 127.0.0.1\necho 127.0.0.1\n")  # show hostnames: both nodes
     (stub / "scontrol").chmod(0o755)
     port = free_port()
