@@ -1,8 +1,11 @@
-"""What several test files (and the benchmarks) share: the test data, datasets written through the repo's own
-contracts (data.py), train.py in a subprocess, its outputs, and the loopback S3 server.
+"""What several test files (both rooms, tests/unit/ and tests/e2e/) and the benchmarks share, by section: the test
+data and datasets written through the repo's own contracts (data.py, to_mds's columns); processes (every command
+line a test starts: start/finish/run_command, train.py through run_train/start_train; the one error-line check,
+one_error_line, for a command line and main_error in this process); what runs leave and the exports they read;
+report.py's input; the loopback S3 server; the MCLI run files.
 
 Fixtures live in conftest.py; plain functions here, imported as `from helpers import ...` (tests/ is on sys.path
-under pytest; the benchmarks put it there themselves).
+under pytest, pyproject's pythonpath; the benchmarks put it there themselves).
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ SMALL = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--globa
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Data
+# Data: corpora, .bin and MDS datasets written through the product's contracts
 
 
 def load_module(path: Path, name: str):
@@ -344,9 +347,9 @@ def run_train(args: list, cwd: Path, nproc: int = 0, launcher: str = "composer",
     return finish(start_train(args, cwd, nproc, launcher, env), timeout)
 
 
-def wait_until(done, procs, what: str, seconds: float = 240) -> None:
-    """Poll done() every 50 ms while every process of `procs` (one, or a list) runs; the test fails if one ends
-    first or `seconds` (a generous bound) pass, naming `what` it waited for."""
+def wait_until(done, procs, what: str, seconds: float = 240, every: float = 0.05) -> None:
+    """Poll done() `every` s while every process of `procs` (one, or a list) runs; the test fails if one ends first
+    or `seconds` (a generous bound) pass, naming `what` it waited for."""
     procs = procs if isinstance(procs, list) else [procs]
     deadline = time.monotonic() + seconds
     while not done():
@@ -354,7 +357,7 @@ def wait_until(done, procs, what: str, seconds: float = 240) -> None:
         assert not ended and time.monotonic() < deadline, f"no {what}: " + (
             f"exit status {ended[0].returncode}:\n{output_of(ended[0])[-4000:]}" if ended
             else f"still waiting after {seconds} s")
-        time.sleep(0.05)
+        time.sleep(every)
 
 
 def train_main(argv: list) -> None:

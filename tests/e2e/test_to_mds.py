@@ -225,13 +225,13 @@ def test_missing_bucket_and_failed_upload_are_one_line_errors_that_publish_nothi
     flaky = s3_env.root / "test-bucket" / "flaky"
     # the second of train's 3 shards fails: the shards sent are removed, no index.json
     fail.update(key="flaky/shard.00001.mds.zstd")
-    err = main_error(to_mds.main, ["--bin", data / "train.bin", "--remote", "s3://test-bucket/flaky",
-                         "--out", tmp_path / "mds"] + args, capsys)
+    err = main_error(to_mds.main, ["--bin", data / "train.bin", "--remote", "s3://test-bucket/flaky", "--out",
+                                   tmp_path / "mds"] + args, capsys, alone=False)  # after the progress bar
     assert "uploading to s3://test-bucket/flaky failed (ConnectionError: network down)" in err
     assert not flaky.exists() or [p for p in flaky.rglob("*") if p.is_file()] == []
     assert not (tmp_path / "mds").exists() and leftovers(tmp_path) == []
     # val fails after train was complete on S3: train is withdrawn too (all splits or none)
     fail.update(key="flaky/val/shard.00000.mds.zstd")
-    err = main_error(to_mds.main, ["--bin", data, "--remote", "s3://test-bucket/flaky"] + args, capsys)
+    err = main_error(to_mds.main, ["--bin", data, "--remote", "s3://test-bucket/flaky"] + args, capsys, alone=False)
     assert "uploading to s3://test-bucket/flaky/val failed" in err
     assert not flaky.exists() or [p for p in flaky.rglob("*") if p.is_file()] == []

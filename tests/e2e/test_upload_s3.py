@@ -163,7 +163,7 @@ def test_killed_upload_resumes_to_a_complete_dataset(s3_env, big_mds, tmp_path, 
                         "--part-size-mb", 5), tmp_path)
     # kill it hard as soon as one whole shard is on the server
     wait_until(lambda: any(p.name in shards and p.stat().st_size == shards[p.name] for p in served.glob("shard.*")),
-               proc, "whole shard on the server before the upload ended", seconds=60)
+               proc, "whole shard on the server before the upload ended", seconds=60, every=0.005)
     proc.kill()
     proc.wait()
     done = {p.name for p in served.glob("shard.*") if p.stat().st_size == shards[p.name]}
