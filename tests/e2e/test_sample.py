@@ -8,7 +8,17 @@ import sys
 import pytest
 
 import sample
-from helpers import REPO, composer_checkpoint, failed_with_one_line, run_command, script, succeeded, tiny_export
+from helpers import (
+    REPO,
+    composer_checkpoint,
+    failed_with_one_line,
+    finish_all,
+    run_command,
+    script,
+    start,
+    succeeded,
+    tiny_export,
+)
 from pilegpt.checkpoint import EXPORT_NAME
 from pilegpt.common import UserError
 
@@ -31,17 +41,14 @@ def run(capsys, *argv) -> str:
 def test_memory_does_not_grow_with_the_number_of_samples(export):
     """--num-samples 100000 was killed by the kernel: every sample's logits were held at once. Peak memory of 64
     and of 4,000 samples (with the old code: ~0.8 GB of logits per token step more)."""
-    def peak_rss_mb(num_samples: int) -> tuple[float, int]:
-        code = ("import atexit, resource, runpy, sys; atexit.register(lambda: print('maxrss', resource.getrusage("
-                "resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)); sys.argv[0] = 'sample.py'; "
-                f"runpy.run_path({str(REPO / 'sample.py')!r}, run_name='__main__')")
-        out = succeeded(run_command([sys.executable, "-c", code, "--checkpoint", export, "--device", "cpu",
-                                     "--max-new-tokens", "2", "--num-samples", num_samples],
-                                    env={**os.environ, "OMP_NUM_THREADS": "1"}))
-        return int(out.split("maxrss ")[-1]) / 1024, out.count(sample.SEPARATOR + "\n")
-
-    small, n_small = peak_rss_mb(64)
-    big, n_big = peak_rss_mb(4000)
+    code = ("import atexit, resource, runpy, sys; atexit.register(lambda: print('maxrss', resource.getrusage("
+            "resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)); sys.argv[0] = 'sample.py'; "
+            f"runpy.run_path({str(REPO / 'sample.py')!r}, run_name='__main__')")
+    # both at once: each process's own peak (RUSAGE_SELF) does not depend on the other
+    procs = [start([sys.executable, "-c", code, "--checkpoint", export, "--device", "cpu", "--max-new-tokens", "2",
+                    "--num-samples", n], env={**os.environ, "OMP_NUM_THREADS": "1"}) for n in (64, 4000)]
+    (small, n_small), (big, n_big) = [(int(out.split("maxrss ")[-1]) / 1024, out.count(sample.SEPARATOR + "\n"))
+                                      for out in map(succeeded, finish_all(procs))]
     assert (n_small, n_big) == (64, 4000)
     assert big < small + 150, (small, big)
 

@@ -3,7 +3,7 @@
 runs a 1-node CPU job; `scancel --signal=TERM` sends SIGTERM mid-run as `#SBATCH --signal=TERM@300` does (to the
 job's steps, not the batch shell). train.py checkpoints that batch and exits 143, train.sbatch runs `scontrol
 requeue`, Slurm starts the job again (Restarts=1), and train.py resumes with --autoresume: the losses of batches
-1..6 equal a run that was never interrupted (run meanwhile, beside the job). Skipped where Slurm is not installed
+1..6 equal a run that was never interrupted (run meanwhile, in the test's process). Skipped where Slurm is not installed
 (.ci/run installs it as root)."""
 
 import os
@@ -11,7 +11,6 @@ import re
 import shutil
 import subprocess
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -23,10 +22,9 @@ from helpers import (
     interpreter_bin,
     losses_by_batch,
     read_jsonl,
-    run_train,
     shakespeare_tokens,
     stop,
-    succeeded,
+    train_main,
     write_bin,
 )
 
@@ -130,16 +128,13 @@ def test_sigterm_on_a_real_slurm_checkpoints_requeues_and_resumes_loss_for_loss(
            "MASTER_PORT": str(free_port())}
     job = slurm_cmd(env, "sbatch", "--parsable", "--nodes=1", "--gpus-per-node=0", f"--output={log}",
                     str(REPO / "scripts" / "slurm" / "train.sbatch"), *args, f"--save_folder={saved}", SLOW).strip()
+    metrics = saved / "metrics.jsonl"
+    until(lambda: metrics.is_file() and any(r["batch"] >= 2 for r in read_jsonl(metrics)), 240, "batch 2")
+    slurm_cmd(env, "scancel", "--signal=TERM", job)  # to the job's steps (srun's tasks), as --signal=TERM@300
     whole = tmp_path / "whole"
-    whole.mkdir()
-    with ThreadPoolExecutor(1) as pool:  # the uninterrupted run, meanwhile
-        uninterrupted = pool.submit(run_train, [*args, f"--save_folder={whole / 'run'}"], whole, nproc=1)
-        metrics = saved / "metrics.jsonl"
-        until(lambda: metrics.is_file() and any(r["batch"] >= 2 for r in read_jsonl(metrics)), 240, "batch 2")
-        slurm_cmd(env, "scancel", "--signal=TERM", job)  # to the job's steps (srun's tasks), as --signal=TERM@300
-        ended = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
-        until(lambda: job_info(env, job)["JobState"] in ended, 300, f"job {job} to end")
-        succeeded(uninterrupted.result())
+    train_main([*args, f"--save_folder={whole / 'run'}"])  # the uninterrupted run, in this process, meanwhile
+    ended = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+    until(lambda: job_info(env, job)["JobState"] in ended, 300, f"job {job} to end")
     expected = losses_by_batch(whole / "run")
 
     out, info = log.read_text(), job_info(env, job)  # the job's log: both runs (--open-mode=append)
