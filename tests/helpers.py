@@ -1,23 +1,29 @@
-"""What several test files (and the benchmarks) share: the test data, datasets written through the repo's own
-contracts (data.py), train.py in a subprocess, its outputs, and the loopback S3 server.
+"""What several test files (both rooms, tests/unit/ and tests/e2e/) and the benchmarks share, by section: the test
+data and datasets written through the repo's own contracts (data.py, to_mds's columns); processes (every command
+line a test starts: start/finish/run_command, train.py through run_train/start_train; the one error-line check,
+one_error_line, for a command line and main_error in this process); what runs leave and the exports they read;
+report.py's input; the loopback S3 server; the MCLI run files.
 
 Fixtures live in conftest.py; plain functions here, imported as `from helpers import ...` (tests/ is on sys.path
-under pytest; the benchmarks put it there themselves).
+under pytest, pyproject's pythonpath; the benchmarks put it there themselves).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import gzip
 import http.client
 import http.server
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.parse
@@ -44,7 +50,18 @@ SMALL = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--globa
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Data
+# Data: corpora, .bin and MDS datasets written through the product's contracts
+
+
+def load_module(path: Path, name: str):
+    """A script that is not a module (bench/*.py) imported as `name` (in sys.modules: its dataclasses look it up)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def tokenize(text: str) -> list[int]:
@@ -56,6 +73,62 @@ def tokenize(text: str) -> list[int]:
 def shakespeare_tokens() -> np.ndarray:
     """Tiny Shakespeare as GPT-2 tokens (338k), one document ending in <|endoftext|>."""
     return np.array(tokenize(SHAKESPEARE.read_text()), dtype=np.uint16)
+
+
+def shakespeare_docs(n: Optional[int] = None) -> list[str]:
+    """Tiny Shakespeare cut into documents at blank lines (speeches); the first n."""
+    docs = [d for d in SHAKESPEARE.read_text().split("\n\n") if d.strip()]
+    return docs[:n] if n else docs
+
+
+def write_jsonl(path: Path, texts: list[str], compress: Optional[str] = None, extra: Optional[dict] = None) -> Path:
+    """A JSONL corpus, one {"text": ...} a line (plus `extra` fields), compressed with "zst" or "gz"."""
+    lines = "".join(json.dumps({"text": t, **(extra or {})}) + "\n" for t in texts).encode()
+    if compress == "zst":
+        import zstandard
+
+        lines = zstandard.ZstdCompressor().compress(lines)
+    elif compress == "gz":
+        lines = gzip.compress(lines)
+    Path(path).write_bytes(lines)
+    return Path(path)
+
+
+@functools.lru_cache(maxsize=None)
+def _encoded(text: str) -> np.ndarray:
+    return np.array(tokenize(text), dtype=np.uint16)
+
+
+def expected_tokens(texts: list[str]) -> np.ndarray:
+    """What prepare_data.py writes for these documents, in order: each one's GPT-2 tokens and <|endoftext|>."""
+    return np.concatenate([_encoded(t) for t in texts] or [np.empty(0, np.uint16)])
+
+
+def read_bin(path: Path) -> np.ndarray:
+    return np.fromfile(path, dtype=np.uint16)
+
+
+def saved_state(out: Path) -> Optional[dict]:
+    """prepare_data.py's record of its progress in `out` (out_folder.STATE_NAME), None while there is none."""
+    from pilegpt.prepare import out_folder
+
+    try:
+        return json.loads((out / out_folder.STATE_NAME).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def write_parquet_dataset(root: Path, splits: dict[str, list[list[str]]]) -> Path:
+    """A Hub-style dataset folder: data/{split}-0000k-of-0000n.parquet, columns id and content."""
+    import datasets
+
+    (root / "data").mkdir(parents=True)
+    for split, shards in splits.items():
+        for k, texts in enumerate(shards):
+            name = f"{split}-{k:05d}-of-{len(shards):05d}.parquet"
+            datasets.Dataset.from_dict({"id": list(range(len(texts))), "content": texts}).to_parquet(
+                str(root / "data" / name))
+    return root
 
 
 def write_bin(folder: Path, tokens: Union[np.ndarray, dict], val_fraction: float = 0.1, meta: bool = True,
@@ -104,6 +177,46 @@ def write_mds(out: Path, tokens: np.ndarray, block_size: int, max_samples: Optio
     return len(starts)
 
 
+def write_random_mds(out: Path, n_samples: int, block_size: int, size_limit: int, seed: int,
+                     compression: Optional[str] = None) -> np.ndarray:
+    """write_mds of n_samples windows of random GPT-2 ids (numpy seed `seed`); returns the tokens (n_samples *
+    block_size + 1 of them: sample i is x = tokens[i*T:(i+1)*T], y = tokens[i*T+1:(i+1)*T+1])."""
+    tokens = np.random.default_rng(seed).integers(0, GPT2_VOCAB_SIZE, size=n_samples * block_size + 1, dtype=np.uint16)
+    write_mds(out, tokens, block_size, size_limit=size_limit, compression=compression)
+    return tokens
+
+
+def files_of(root: Path) -> dict[str, bytes]:
+    """Every file under root: {path relative to root, as posix: its bytes}."""
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def write_mds_splits(root: Path, tokens: np.ndarray, block_size: int = 32, vocab_size: int = 50257) -> Path:
+    """train/ (90%) and val/ (10%) MDS datasets as to_mds writes them: zstd shards with sha1/xxh64 hashes."""
+    cut = len(tokens) * 9 // 10
+    for split, part in (("train", tokens[:cut]), ("val", tokens[cut:])):
+        write_mds(root / split, part, block_size, size_limit=1 << 14, compression="zstd", hashes=["sha1", "xxh64"],
+                  vocab_size=vocab_size)
+    return root
+
+
+def read_mds(source: str, local: Path) -> list[dict]:
+    """Every sample of an MDS dataset (a folder or an s3:// URL), in order, read with StreamingDataset into a fresh
+    cache `local` (Streaming names its shared memory after that folder)."""
+    from streaming import StreamingDataset
+
+    from pilegpt import compat
+
+    compat.clean_stale_shared_memory()
+    ds = StreamingDataset(remote=source, local=str(local), shuffle=False, batch_size=1)
+    return [dict(s) for s in ds]
+
+
+def staging_leftovers(parent: Path) -> list[str]:
+    """What to_mds.py's staging left in parent: folders named *.tmp-PID or *.old-PID."""
+    return sorted(p.name for p in parent.iterdir() if ".tmp-" in p.name or ".old-" in p.name)
+
+
 @contextlib.contextmanager
 def tmpfs(folder: Path, size: str = "30m", readonly: bool = False):
     """A tmpfs of `size` mounted on folder (a small disk to fill, or a read-only one), unmounted after. Mounting needs
@@ -127,44 +240,194 @@ def remount(folder: Path, size: str) -> None:
     subprocess.run(["mount", "-o", f"remount,size={size}", str(folder)], check=True)
 
 
+def upload_s3_main(capsys, *args) -> tuple[int, int, str]:
+    """upload_s3.main(args) in this process, which must succeed: (files uploaded, files skipped, its summary line)."""
+    import re
+
+    import upload_s3
+
+    assert upload_s3.main([str(a) for a in args]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    m = re.match(r"(?:dry run: would )?upload(?:ed)? (\d+) files .*skip(?:ped)? (\d+) unchanged", line)
+    assert m, line
+    return int(m.group(1)), int(m.group(2)), line
+
+
 # ----------------------------------------------------------------------------------------------------------
-# train.py runs and what they leave
+# Processes: every command line a test starts (train.py, `composer`, `python -m pilegpt.launch`, the other
+# scripts, a node's launch.sh) goes through start() and finish(), or run_command() for both at once
 
 
-def run(args: list[str], cwd: Path, nproc: int = 0, timeout: int = 300) -> str:
-    """Run train.py in a subprocess: with the real `composer -n NPROC` launcher, or plain python (nproc=0)."""
-    launcher = [sys.executable, "-m", "composer.cli.launcher", "-n", str(nproc)] if nproc else [sys.executable]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO / "tests")}  # batch_log.py, faults.py
-    proc = subprocess.run([*launcher, str(REPO / "train.py"), *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-6000:]
-    return out
+STARTED: list[subprocess.Popen] = []  # conftest.py kills what a test left running (a failed assertion)
 
 
-def start_launcher(cmd: list, cwd: Path, env: dict, log: Path) -> subprocess.Popen:
-    """One node's launcher, in its own process group, its output to the file `log` (not a pipe: a launcher
-    blocked on a full pipe would hang the whole job); finish_launchers collects it."""
-    out = open(log, "w+")
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+def start(cmd: list, cwd: Optional[Path] = None, env: Optional[dict] = None, log: Optional[Path] = None,
+          **popen) -> subprocess.Popen:
+    """cmd in its own process group, its output (stdout and stderr, in order) to the file `log` (an unnamed
+    temporary file by default), never to a pipe: a process blocked on a full pipe nobody reads would hang."""
+    out = open(log, "wb+") if log else tempfile.TemporaryFile("wb+")
+    proc = subprocess.Popen([str(c) for c in cmd], cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                            start_new_session=True, **popen)
     proc.log = out
+    STARTED.append(proc)
     return proc
 
 
-def finish_launchers(procs: list[subprocess.Popen], timeout: float = 300) -> list[tuple[int, str]]:
-    """Each start_launcher process's (exit status, output); one still running `timeout` s after the ones before
-    it is killed with its group (the launcher and its training processes)."""
-    results = []
-    for p in procs:
-        try:
-            p.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-        p.log.seek(0)
-        results.append((p.returncode, p.log.read()))
-        p.log.close()
-    return results
+def finish(proc: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
+    """proc's (exit status, output), waiting at most `timeout` s: then its whole group (a launcher and its
+    training processes) is killed, and the output ends with a line that says so."""
+    note = ""
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        note = f"\n[helpers.finish: still running after {timeout} s: killed with its process group]\n"
+    out = output_of(proc) + note
+    proc.log.close()
+    return proc.returncode, out
+
+
+def output_of(proc: subprocess.Popen) -> str:
+    """What proc (start()) has written so far. Read with pread: the file offset stays the one proc writes at."""
+    fd = proc.log.fileno()
+    return os.pread(fd, os.fstat(fd).st_size, 0).decode(errors="replace")
+
+
+def finish_all(procs: list[subprocess.Popen], timeout: float = 300) -> list[tuple[int, str]]:
+    """finish() of each in turn: each may take `timeout` s after the ones before it."""
+    return [finish(p, timeout) for p in procs]
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL to proc's process group (start() gave it one), then reap proc."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def run_command(cmd: list, cwd: Optional[Path] = None, env: Optional[dict] = None, timeout: float = 300,
+                **popen) -> tuple[int, str]:
+    """start() and finish(): a command line's (exit status, output)."""
+    return finish(start(cmd, cwd, env, **popen), timeout)
+
+
+def script(name: str, *args) -> list[str]:
+    """The command line of one of the repo's scripts (prepare_data.py, to_mds.py, ...) with this interpreter."""
+    return [sys.executable, str(REPO / name), *map(str, args)]
+
+
+def train_command(args: list, nproc: int = 0, launcher: str = "composer") -> list[str]:
+    """train.py's command line: plain python (nproc=0), `composer -n NPROC` (launcher="composer", Composer's own
+    launcher module) or `python -m pilegpt.launch -n NPROC` (launcher="pilegpt")."""
+    module = {"composer": "composer.cli.launcher", "pilegpt": "pilegpt.launch"}[launcher]
+    prefix = [sys.executable, "-m", module, "-n", str(nproc)] if nproc else [sys.executable]
+    return [*prefix, str(REPO / "train.py"), *map(str, args)]
+
+
+def train_env(env: Optional[dict] = None, nproc: int = 0) -> dict:
+    """The environment of a train.py process: `env` (default: this one's), unbuffered output, tests/ on PYTHONPATH
+    (batch_log.py, faults.py by import path) and one torch thread per process: tiny models run fastest on one
+    thread, and two on a busy 2-core machine crawl. With nproc > 1, train.py's own rule sets the threads."""
+    env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO)])}
+    if nproc <= 1:
+        env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def start_train(args: list, cwd: Path, nproc: int = 0, launcher: str = "composer", env: Optional[dict] = None,
+                log: Optional[Path] = None) -> subprocess.Popen:
+    """train.py started (train_command, train_env) in its own process group, output to a file: finish() it."""
+    return start(train_command(args, nproc, launcher), cwd, train_env(env, nproc), log)
+
+
+def run_train(args: list, cwd: Path, nproc: int = 0, launcher: str = "composer", env: Optional[dict] = None,
+              timeout: float = 300) -> tuple[int, str]:
+    """train.py run to its end (start_train, finish): (exit status, output)."""
+    return finish(start_train(args, cwd, nproc, launcher, env), timeout)
+
+
+def wait_until(done, procs, what: str, seconds: float = 240, every: float = 0.05) -> None:
+    """Poll done() `every` s while every process of `procs` (one, or a list) runs; the test fails if one ends first
+    or `seconds` (a generous bound) pass, naming `what` it waited for."""
+    procs = procs if isinstance(procs, list) else [procs]
+    deadline = time.monotonic() + seconds
+    while not done():
+        ended = [p for p in procs if p.poll() is not None]
+        assert not ended and time.monotonic() < deadline, f"no {what}: " + (
+            f"exit status {ended[0].returncode}:\n{output_of(ended[0])[-4000:]}" if ended
+            else f"still waiting after {seconds} s")
+        time.sleep(every)
+
+
+def train_main(argv: list) -> None:
+    """train.py's main() in this process, on one torch thread as train_env gives a subprocess (a module fixture's
+    run; a test's own runs take the one_torch_thread fixture)."""
+    import torch
+
+    import train
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        train.main([str(a) for a in argv])
+    finally:
+        torch.set_num_threads(before)
+
+
+def succeeded(result: tuple[int, str]) -> str:
+    """The output of a run that must have exited 0 (else the test fails with the end of that output)."""
+    code, out = result
+    assert code == 0, f"exit status {code}:\n{out[-6000:]}"
+    return out
+
+
+def one_error_line(output: str, alone: bool = False) -> str:
+    """The one line of `output` that starts with "error: ", as the scripts report a user error (one line, no
+    traceback); the test fails if there is none, more than one, or a traceback. alone: nothing else was printed."""
+    assert "Traceback" not in output, output[-4000:]
+    lines = [line for line in output.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, output[-4000:]
+    assert not alone or output.strip() == lines[0], output[-4000:]
+    return lines[0]
+
+
+def failed_with_one_line(result: tuple[int, str], code: int = 2, alone: bool = False) -> str:
+    """The error line of a command line that must have failed with exit status `code` and one_error_line."""
+    status, out = result
+    assert status == code, f"exit status {status}, not {code}:\n{out[-4000:]}"
+    return one_error_line(out, alone)
+
+
+def main_error(main, argv: list, capsys, alone: bool = True) -> str:
+    """A script's main(argv) run in this process as its command line runs it (common.run_main): it must exit 2
+    with one_error_line on stderr (alone: and nothing else there); returns that line."""
+    import pytest
+
+    from pilegpt.common import run_main
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        run_main(main, [str(a) for a in argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2, err[-4000:]
+    return one_error_line(err, alone)
+
+
+def interpreter_bin(folder: Path) -> Path:
+    """folder with `python`, `python3` and `composer` that run this interpreter, for the front of PATH where a
+    script runs a bare `python` (launch.sh, an MCLI command). Wrapper scripts, not links: an interpreter started
+    through a link outside a virtual environment's bin/ does not find its pyvenv.cfg and runs without the
+    environment's packages."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, command in (("python", ""), ("python3", ""), ("composer", " -m composer.cli.launcher")):
+        (folder / name).write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)}{command} "$@"\n')
+        (folder / name).chmod(0o755)
+    return folder
+
+
+# ----------------------------------------------------------------------------------------------------------
+# What train.py runs leave
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -175,11 +438,116 @@ def losses_by_batch(run_dir: Path) -> dict[int, float]:
     return {r["batch"]: r["loss"] for r in read_jsonl(run_dir / "metrics.jsonl") if "loss" in r}
 
 
+def tiny_export(folder: Path, seed: int = 0, **shape) -> Path:
+    """folder/model.pt: the export (checkpoint.save_export) of a tiny untrained GPT made after torch.manual_seed(seed),
+    of block_size 16, 1 layer, 1 head, 8 wide and GPT-2's vocabulary unless `shape` says otherwise."""
+    import torch
+
+    from model import GPT, GPTConfig
+    from pilegpt.checkpoint import save_export
+
+    torch.manual_seed(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_export(GPT(GPTConfig(**{"block_size": 16, "n_layer": 1, "n_head": 1, "n_embd": 8, **shape})),
+                folder / "model.pt")
+    return folder / "model.pt"
+
+
+def fake_run_folder(folder: Path) -> dict[str, bytes]:
+    """A run folder as train.py leaves it: model.pt (tiny_export), a checkpoint whose bytes do not matter (nothing may
+    read it), config.json. Returns its files' bytes by name."""
+    folder.mkdir()
+    tiny_export(folder)
+    (folder / "ep0-ba3-rank0.pt").write_bytes(b"a checkpoint")
+    (folder / "config.json").write_text("{}")
+    return {p.name: p.read_bytes() for p in folder.iterdir()}
+
+
+def composer_checkpoint(folder: Path, config: dict, with_model_args: bool):
+    """A real Composer checkpoint in folder (Composer's Trainer, 2 batches on CPU, seed 0) of a GPT of `config` in
+    the shape of train.py's wrapper (the GPT in .model); with_model_args, its shape in the checkpoint, as train.py
+    writes it. Returns the GPT."""
+    from dataclasses import asdict
+
+    import torch
+    from composer import Trainer
+    from composer.models import ComposerModel
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from model import GPT, GPTConfig
+
+    class Wrapper(ComposerModel):
+        def __init__(self, config):
+            super().__init__()
+            self.model = GPT(config)
+
+        def forward(self, batch):
+            return self.model(batch[0], targets=batch[1])
+
+        def loss(self, outputs, batch):
+            return outputs[1]
+
+    if with_model_args:  # what train.py does so that sample.py knows the shape
+        Wrapper.get_extra_state = lambda self: {"model_args": asdict(self.model.config)}
+        Wrapper.set_extra_state = lambda self, state: None
+
+    torch.manual_seed(0)
+    model = Wrapper(GPTConfig(**config))
+    x = torch.randint(0, 50257, (4, 8))
+    loader = DataLoader(TensorDataset(x, torch.roll(x, -1, 1)), batch_size=2)
+    trainer = Trainer(model=model, train_dataloader=loader, max_duration="2ba", save_folder=str(folder),
+                      optimizers=torch.optim.AdamW(model.parameters(), lr=1e-3), progress_bar=False,
+                      loggers=[], device="cpu")
+    trainer.fit()
+    trainer.close()
+    return model.model
+
+
 def checkpoint_state(path: Path) -> dict:
     """A Composer checkpoint's state, loaded fully (only for files a test wrote itself: it unpickles)."""
     import torch
 
     return torch.load(path, map_location="cpu", weights_only=False)["state"]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# report.py's input: a run folder
+
+
+REPORT_ROWS = [
+        {"batch": 1, "tokens": 4096, "time_s": 1.0, "loss": 10.5, "tokens_per_sec": 4000.0},
+        {"batch": 2, "tokens": 8192, "time_s": 2.0, "loss": 9.5, "tokens_per_sec": 5000.0, "val_loss": 9.25,
+         "val_bpb": 4.125, "owt_loss": 9.75, "owt_bpb": 4.375, "hellaswag_acc": 0.25, "hellaswag_acc_norm": 0.3125},
+        {"batch": 2, "tokens": 8192, "time_s": 2.5, "loss": 9.0, "tokens_per_sec": 6000.0, "val_loss": 9.0,
+         "val_bpb": 4.0}]  # batch 2 again: a resumed run; the later row wins
+
+
+def write_report_run(folder: Path, metrics_name: str = "metrics.jsonl") -> None:
+    """A run folder as report.py reads it: config.json, metrics (REPORT_ROWS) at metrics_name, hellaswag.json."""
+    from pilegpt.train.config import TrainConfig
+
+    config = {"config": {**TrainConfig(data_dir="d").__dict__, "n_layer": 2, "run_name": "r"}, "world_size": 2,
+              "device": "cpu", "precision": "fp32", "gpu": None, "git_commit": "abc123", "python": "3.11.7",
+              "torch": "2.7.0", "composer": "0.32.1", "streaming": "0.13.0", "numpy": "2.1.3", "host": "h",
+              "started": "2026-12-01 00:00:00"}
+    (folder / metrics_name).parent.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / metrics_name).write_text("".join(json.dumps(r) + "\n" for r in REPORT_ROWS))
+    (folder / "hellaswag.json").write_text(json.dumps({"task": "hellaswag", "n": 100, "acc": 0.27, "acc_norm": 0.28,
+                                                       "source": "runs/r/model.pt", "predictions": []}))
+
+
+def check_report(text: str, metrics_source: str) -> None:
+    """report.md of write_report_run's folder: the settings that differ, the later row of a batch, every figure with
+    its source."""
+    assert "| n_layer | `2` | `12` |" in text and "| data_dir | `'d'` | `None` |" in text
+    assert "| n_head |" not in text  # unchanged settings are not listed
+    assert "| val | 9.0000 | 4.0000 | 2 |" in text  # the later row of batch 2
+    assert "| owt | 9.7500 | 4.3750 | 2 |" in text
+    assert "throughput: 5,000 tokens/s" in text and "train loss: 9.7500 (mean of the last 2 batches)" in text
+    assert f"| 25.00 | 31.25 | `{metrics_source}` |" in text  # in-training HellaSwag, with its source
+    assert "eval.py on runs/r/model.pt (100 examples) | 27.00 | 28.00 | `hellaswag.json` |" in text
+    assert "| OpenAI GPT-2 124M, this scoring | 28.59 | 29.55 |" in text and "![loss curve](loss.png)" in text
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -351,3 +719,43 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
             self.wfile.write(data)
 
     do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _handle
+
+
+# ----------------------------------------------------------------------------------------------------------
+# mcli/: the MCLI run files (mosaicml-cli, a dev requirement: callers importorskip it)
+
+
+MCLI_DIR = REPO / "mcli"
+TRAIN_YAML = MCLI_DIR / "pile_gpt.yaml"
+MULTINODE_YAML = MCLI_DIR / "pile_gpt_multinode.yaml"
+PREPARE_YAML = MCLI_DIR / "prepare_pile.yaml"
+LAUNCH_PREPARE = MCLI_DIR / "launch_prepare.sh"
+TRAIN_COMMAND = "composer train.py config/pile.py"
+# Set by the MCLI platform inside a run, never by the YAML.
+PLATFORM_VARS = {"RUN_NAME", "NODE_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                 "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"}
+
+
+def mcli_config(path: Path, caplog=None) -> tuple:
+    """Parse a YAML as `mcli run -f` does; returns (RunConfig, FinalRunConfig, every warning MCLI raised or
+    logged)."""
+    import warnings
+
+    from mcli import FinalRunConfig, RunConfig
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_config = RunConfig.from_file(str(path))
+        final = FinalRunConfig.finalize_config(run_config)
+        final.to_create_run_api_input()  # the translation to the API request, done locally
+    messages = [str(w.message) for w in caught]
+    if caplog is not None:
+        messages += [r.getMessage() for r in caplog.records if r.name.startswith("mcli") and r.levelno >= 30]
+    return run_config, final, messages
+
+
+def git_repo_integration(final) -> dict:
+    """The one git_repo integration of a FinalRunConfig."""
+    repos = [i for i in final.integrations if i.get("integration_type") == "git_repo"]
+    assert len(repos) == 1, final.integrations
+    return repos[0]

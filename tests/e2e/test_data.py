@@ -1,0 +1,238 @@
+"""What train.py's loaders do with data in a run: .bin data of any size starts in seconds in bounded memory, nanoGPT's
+folders train; ids outside the vocabulary, damaged shards, too little data, hostile indexes and data changed
+under a run are one line through the command line, and a user's dataset folder is never written into. The
+contract itself (meta.json, the window, the order): tests/unit/test_data.py."""
+
+import json
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import train
+from helpers import (
+    REPO,
+    SMALL,
+    failed_with_one_line,
+    losses_by_batch,
+    read_jsonl,
+    run_command,
+    run_train,
+    succeeded,
+    train_env,
+    write_mds,
+    write_mds_splits,
+)
+from pilegpt import data
+from pilegpt.common import UserError
+from pilegpt.data import Meta, SplitInfo, write_token_files
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+TRAIN = [*SMALL, "--device=cpu", "--sample_length=0", "--max_duration=2ba", "--eval_interval=2ba",
+         "--eval_subset_num_batches=1", "--progress_bar=False"]
+
+
+def tree(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+# ------------------------------------------------------------------------------------------------ meta.json
+
+
+# ------------------------------------------------------------------------------------- training order
+
+
+def test_a_40_gb_bin_starts_in_seconds_and_bounded_memory(tmp_path):
+    """A sparse 40 GB train.bin (20B tokens, 625M windows of 32): the old full index list took 19 GB."""
+    folder = tmp_path / "big"
+    folder.mkdir()
+    n_tokens = 20_000_000_000
+    for split, n in (("train", n_tokens), ("val", 10_000)):
+        with open(folder / f"{split}.bin", "wb") as f:
+            f.truncate(2 * n)
+    Meta("gpt2", 50257, 50256, "uint16", {"train": SplitInfo("train.bin", n_tokens),
+                                           "val": SplitInfo("val.bin", 10_000)}).write(folder)
+    script = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]); "
+              "print('maxrss_kb', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(r.returncode)")
+    train_py = [sys.executable, REPO / "train.py", f"--data_dir={folder}", *TRAIN, f"--save_folder={tmp_path / 'run'}"]
+    out = succeeded(run_command([sys.executable, "-c", script, *train_py], env=train_env(), timeout=600))
+    maxrss_gb = int(out.split("maxrss_kb")[1].split()[0]) / 2**20
+    assert maxrss_gb < 3.0, f"peak RSS {maxrss_gb:.2f} GB"  # measured here: ~1 GB (torch + Composer themselves)
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [r["batch"] for r in rows] == [1, 2]
+    # From the Trainer's start to the end of batch 1 (it was 109 s for 3 batches with the index list).
+    assert rows[0]["time_s"] < 30
+
+
+# --------------------------------------------------------------------------------- what train.py reads
+
+def test_a_nanogpt_data_folder_trains_as_uint16_gpt2_tokens(tmp_path, capsys):
+    folder = tmp_path / "nanogpt"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 5000), ("val", 1000)):
+        rng.integers(0, 50257, n).astype(np.uint16).tofile(folder / f"{split}.bin")  # nanoGPT's prepare.py
+    train.main([f"--data_dir={folder}", *TRAIN, f"--save_folder={tmp_path / 'run'}"])
+    out = capsys.readouterr().out
+    assert f"note: {folder} has no meta.json: reading its .bin files as nanoGPT's" in out
+    assert sorted(losses_by_batch(tmp_path / "run")) == [1, 2]
+    assert not (folder / data.META_NAME).exists()
+
+
+def test_token_ids_outside_the_vocabulary_are_one_line_errors(tmp_path):
+    tokens = np.full(4000, 60000, dtype=np.uint16)  # a .bin made with another (bigger) vocabulary
+    write_token_files(tmp_path / "bin", {"train": tokens}, vocab_size=50257)  # ... but recorded as GPT-2's
+    error = failed_with_one_line(run_train([f"--data_dir={tmp_path / 'bin'}", *TRAIN,
+                                            f"--save_folder={tmp_path / 'run'}"], tmp_path))
+    assert re.search(r"^error: \S+train.bin: token id 60000 at position \d+ is out of range for vocab_size 50257",
+                     error)
+    write_mds_splits(tmp_path / "mds", tokens[:2000])  # MDS without a record of its vocabulary: checked per batch
+    (tmp_path / "mds" / "train" / data.TO_MDS_META).unlink()
+    with pytest.raises(UserError, match="MDS data holds token id 60000, outside the model's vocab_size 50257"):
+        train.main([f"--data_dir={tmp_path / 'mds'}", *TRAIN, f"--save_folder={tmp_path / 'run2'}",
+                    f"--data_local={tmp_path / 'cache'}"])
+
+
+def test_training_never_writes_into_a_local_mds_dataset_folder(tmp_path):
+    root = write_mds_splits(tmp_path / "mds", np.random.default_rng(1).integers(0, 50257, 20_000).astype(np.uint16))
+    before = tree(root)
+    with pytest.raises(UserError, match="block_size is 64"):  # a refused run reads a sample first
+        train.main([f"--data_dir={root}", *TRAIN, "--block_size=64", f"--save_folder={tmp_path / 'r1'}",
+                    f"--data_local={tmp_path / 'cache'}"])
+    train.main([f"--data_dir={root}", *TRAIN, f"--save_folder={tmp_path / 'r2'}", f"--data_local={tmp_path / 'cache'}"])
+    assert sorted(losses_by_batch(tmp_path / "r2")) == [1, 2]
+    assert tree(root) == before  # the same files, byte for byte: the shards were decompressed in the cache
+    assert list((tmp_path / "cache").rglob("shard.*.mds"))
+
+
+def test_a_damaged_shard_stops_training_with_one_line(tmp_path):
+    root = write_mds_splits(tmp_path / "mds", np.random.default_rng(2).integers(0, 50257, 20_000).astype(np.uint16))
+    shard = sorted((root / "train").glob("shard.*.mds.zstd"))[1]
+    damaged = bytearray(shard.read_bytes())
+    damaged[-10] ^= 0xFF
+    shard.write_bytes(bytes(damaged))
+    result = run_train([f"--data_dir={root}", *TRAIN, "--max_duration=30ba", f"--save_folder={tmp_path / 'run'}",
+                        f"--data_local={tmp_path / 'cache'}"], tmp_path)
+    error = failed_with_one_line(result)
+    assert f"shard {shard.name} of {root / 'train'} does not match the checksum in its index.json" in error
+
+
+@pytest.mark.parametrize("duration", ["1ep", "5ba"])
+def test_mds_data_smaller_than_one_global_batch_is_refused_before_training(tmp_path, duration):
+    """3 samples, a global batch of 4: "5ba" waited forever for a batch, "1ep" ended "done: 0 batches" with an
+    untrained model.pt."""
+    root = tmp_path / "mds"
+    assert write_mds(root / "train", np.arange(3 * 32 + 1, dtype=np.uint16), 32, vocab_size=50257) == 3
+    result = run_train([f"--data_dir={root}", *TRAIN, f"--max_duration={duration}",
+                        "--warmup=0ba" if duration == "5ba" else "--warmup=0ep", f"--save_folder={tmp_path / 'run'}",
+                        f"--data_local={tmp_path / 'cache'}"], tmp_path, timeout=120)
+    assert failed_with_one_line(result) == result[1].strip().splitlines()[-1] == (
+        f"error: the MDS train split of ['{root}'] has 3 samples of 32 tokens, fewer than one global batch (4): "
+        "lower --global_batch_size or use more data")
+    assert not (tmp_path / "run" / "model.pt").exists()
+
+
+# ------------------------------------------------------------------------------------------ hostile indexes
+
+def hostile_index(split_dir: Path, name: str, kind: str = "zip_data") -> None:
+    """Rewrite the index.json of split_dir so that its first shard's `kind` file is called `name`."""
+    index = json.loads((split_dir / data.INDEX_NAME).read_text())
+    index["shards"][0][kind]["basename"] = name
+    (split_dir / data.INDEX_NAME).write_text(json.dumps(index))
+
+
+@pytest.mark.parametrize("kind", ["zip_data", "raw_data"])
+def test_an_index_naming_a_file_outside_its_folder_is_refused_and_the_file_kept(tmp_path, kind):
+    """A shared dataset whose index names an existing file of the user's: training used to decompress the shard
+    outside data_local and, the file failing the shard's checksum, delete it."""
+    root = write_mds_splits(tmp_path / "mds", np.random.default_rng(3).integers(0, 50257, 20_000).astype(np.uint16))
+    victim = tmp_path / "precious.txt"
+    victim.write_text("the user's own file")
+    hostile_index(root / "val", str(victim), kind)  # val: train/ is read first, so the whole index set is checked
+    before = tree(tmp_path)
+    result = run_train([f"--data_dir={root}", *TRAIN, f"--save_folder={tmp_path / 'run'}",
+                        f"--data_local={tmp_path / 'cache'}"], tmp_path)
+    assert failed_with_one_line(result) == result[1].strip().splitlines()[-1] == (
+        f"error: {root / 'val' / 'index.json'} lists the shard file {str(victim)!r}, which is not a plain name inside "
+        "its folder (an absolute path, '..', a backslash or an empty name): the index is damaged or hostile, nothing "
+        "was read by that name; re-run to_mds.py")
+    assert victim.read_text() == "the user's own file"
+    after = tree(tmp_path)
+    assert {k: v for k, v in after.items() if not k.startswith(("run/", "cache/"))} == before
+    assert not (tmp_path / "cache").exists()  # refused before Streaming made its cache
+
+
+def test_an_s3_index_naming_a_key_outside_its_prefix_is_one_line(s3_env, tmp_path):
+    """From S3, a '..' key made Streaming retry forever (10 minutes, 100% CPU, ~1,000 sockets) until killed."""
+    root = write_mds_splits(tmp_path / "mds", np.random.default_rng(4).integers(0, 50257, 20_000).astype(np.uint16))
+    hostile_index(root / "train", "../../outside.mds.zstd")
+    remote = s3_env.upload_tree(root, f"hostile-{os.getpid()}/mds")
+    result = run_train([f"--data_remote={remote}", *TRAIN, f"--save_folder={tmp_path / 'run'}",
+                        f"--data_local={tmp_path / 'cache'}"], tmp_path)
+    assert failed_with_one_line(result) == (
+        f"error: {remote}/train/index.json lists the shard file '../../outside.mds.zstd', which is not a plain name "
+        "inside its folder (an absolute path, '..', a backslash or an empty name): the index is damaged or hostile, "
+        "nothing was read by that name; re-run to_mds.py")
+    assert not (tmp_path / "cache").exists()
+
+
+# ------------------------------------------------------------------------------------- data changed under a run
+
+def test_a_resume_on_other_bin_data_is_refused_unless_the_change_is_intended(tmp_path, capsys):
+    """prepare_data --overwrite with other text, then --autoresume=True, continued silently on the new tokens."""
+    rng = np.random.default_rng(5)
+    write_token_files(tmp_path / "d", {"train": rng.integers(0, 50257, 20_000), "val": rng.integers(0, 50257, 3_000)})
+    args = [f"--data_dir={tmp_path / 'd'}", *TRAIN, "--max_duration=2ba", f"--save_folder={tmp_path / 'run'}",
+            "--run_name=changed"]
+    train.main(args)
+    record = json.loads((tmp_path / "run" / "data.json").read_text())
+    assert record["splits"]["train"]["tokens"] == 20_000 and record["format"] == "bin"
+    shutil.move(tmp_path / "d", tmp_path / "moved")  # the same data elsewhere is the same data
+    train.main([*args, f"--data_dir={tmp_path / 'moved'}", "--max_duration=3ba", "--autoresume=True"])
+    assert "resumed at batch 2" in capsys.readouterr().out
+
+    write_token_files(tmp_path / "moved", {"train": rng.integers(0, 50257, 12_000),  # rebuilt: other, shorter text
+                                           "val": rng.integers(0, 50257, 3_000)})
+    refused = run_train([*args, f"--data_dir={tmp_path / 'moved'}", "--max_duration=4ba", "--autoresume=True"],
+                        tmp_path)
+    assert failed_with_one_line(refused) == refused[1].strip().splitlines()[-1] == (
+        f"error: autoresume: {tmp_path / 'run'} was trained on other data: train.bin holds 12,000 tokens (the run had "
+        f"20,000); val.bin holds other tokens (same count, another fingerprint) ({tmp_path / 'run' / 'data.json'}); "
+        "resume on the data it was trained on, start a new run with another --run_name, or pass "
+        "--data_changed_ok=True if the change is intended")
+    assert sorted(losses_by_batch(tmp_path / "run")) == [1, 2, 3]  # nothing trained on the new data
+    train.main([*args, f"--data_dir={tmp_path / 'moved'}", "--max_duration=4ba", "--autoresume=True",
+                "--data_changed_ok=True"])
+    out = capsys.readouterr().out
+    assert "note: the data changed since the run's checkpoints (train.bin holds 12,000 tokens" in out
+    assert "resumed at batch 3" in out
+    assert json.loads((tmp_path / "run" / "data.json").read_text())["splits"]["train"]["tokens"] == 12_000
+
+
+def test_a_rebuilt_mds_dataset_is_refused_on_resume_and_its_stale_cache_refreshed(tmp_path, capsys):
+    """A rebuilt MDS folder trained on the stale cache of the old one."""
+    root, cache = tmp_path / "mds", tmp_path / "cache"
+    write_mds_splits(root, np.random.default_rng(6).integers(0, 50257, 20_000).astype(np.uint16))
+    args = [f"--data_dir={root}", *TRAIN, "--max_duration=2ba", f"--save_folder={tmp_path / 'run'}",
+            f"--data_local={cache}", "--run_name=rebuilt"]
+    train.main(args)
+    cached_index = next(cache.rglob("train/index.json"))
+    assert cached_index.read_bytes() == (root / "train" / "index.json").read_bytes()
+    shutil.rmtree(root)  # to_mds --overwrite with other data: the same shard names, other bytes
+    write_mds_splits(root, np.random.default_rng(7).integers(0, 50257, 20_000).astype(np.uint16))
+    refused = run_train([*args, "--max_duration=3ba", "--autoresume=True"], tmp_path)
+    assert failed_with_one_line(refused) == refused[1].strip().splitlines()[-1]
+    assert refused[1].strip().splitlines()[-1].startswith(
+        f"error: autoresume: {tmp_path / 'run'} was trained on other data: {root}/train/index.json lists other "
+        f"shards; {root}/val/index.json lists other shards ({tmp_path / 'run' / 'data.json'}); resume on the data")
+    train.main([*args, "--max_duration=3ba", "--autoresume=True", "--data_changed_ok=True"])
+    out = capsys.readouterr().out
+    assert f"note: {cached_index.parent} held shards of an older version of the data: emptied" in out
+    assert cached_index.read_bytes() == (root / "train" / "index.json").read_bytes()  # read from the new dataset
+    assert "resumed at batch 2" in out
+
+

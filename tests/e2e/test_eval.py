@@ -1,0 +1,130 @@
+"""eval.py across processes and through its command line: 2 processes (`composer -n 2`) count what 1 counts, no
+data offline is one line; training reports val bpb, named eval sets and HellaSwag as eval.py scores them; the
+lm-evaluation-harness agrees with eval.py on every example. The scoring itself: tests/unit/test_eval.py."""
+
+import json
+import math
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import eval as eval_script
+import export_hf
+from helpers import (
+    FIXTURES,
+    REPO,
+    SMALL,
+    failed_with_one_line,
+    free_port,
+    read_jsonl,
+    run_command,
+    shakespeare_tokens,
+    succeeded,
+    tiny_export,
+    train_main,
+    write_bin,
+)
+from model import GPT, GPTConfig
+from pilegpt.checkpoint import load_model, save_export
+from pilegpt.data import read_windows, window_starts
+from pilegpt.tokenizer import gpt2
+
+TINY = FIXTURES / "hellaswag_tiny.jsonl"  # 64 examples made from tiny Shakespeare (make_fixtures.py)
+
+
+@pytest.fixture(scope="module")
+def model_file(tmp_path_factory):
+    return tiny_export(tmp_path_factory.mktemp("eval"), seed=3, block_size=48, n_layer=2, n_head=2, n_embd=32)
+
+
+def test_two_processes_count_what_one_counts(model_file, tmp_path, capsys):
+    outs = {}
+    args = [model_file, "--task", "hellaswag", "--data", TINY, "--limit", "30"]
+    assert eval_script.main([*map(str, args), "--out", str(tmp_path / "r1.json")]) == 0  # 1: this process
+    succeeded(run_command([sys.executable, "-m", "composer.cli.launcher", "-n", "2", REPO / "eval.py", *args, "--out",
+                           tmp_path / "r2.json"], tmp_path))
+    for n in (1, 2):
+        outs[n] = json.loads((tmp_path / f"r{n}.json").read_text())
+    assert outs[1]["n"] == outs[2]["n"] == 30
+    assert outs[1]["predictions"] == outs[2]["predictions"]
+
+
+def test_offline_without_data_is_one_line_naming_the_fix(model_file, tmp_path):
+    result = run_command([sys.executable, REPO / "eval.py", model_file, "--task", "hellaswag", "--url",
+                          f"http://127.0.0.1:{free_port()}/hellaswag_val.jsonl"],
+                         env={**os.environ, "PILE_GPT_CACHE": str(tmp_path)}, timeout=120)
+    error = failed_with_one_line(result, alone=True)
+    assert error.startswith("error: cannot download HellaSwag from http://127.0.0.1:") and "--data FILE" in error
+
+
+def test_training_reports_bpb_named_eval_sets_and_hellaswag_as_eval_py_scores_it(tmp_path, monkeypatch, capsys):
+    """One tiny run (in this process): val_bpb equals an independent computation over the same val windows, a named
+    eval set gets its own figures, and the in-training HellaSwag figures equal eval.py's on the exported weights."""
+    tokens = shakespeare_tokens()
+    write_bin(tmp_path / "data", tokens[:20_000])
+    write_bin(tmp_path / "other", tokens[100_000:110_000])
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    train_main([*SMALL, f"--data_dir={tmp_path / 'data'}", "--max_duration=4ba", "--eval_interval=4ba",
+                "--eval_subset_num_batches=-1", "--progress_bar=False", "--save_folder=run", "--sample_length=0",
+                f"--eval_data={{'other': {str(tmp_path / 'other')!r}}}", "--hellaswag_examples=20",
+                f"--hellaswag_data={TINY}"])
+    out = capsys.readouterr().out
+    row = read_jsonl(tmp_path / "run" / "metrics.jsonl")[-1]
+    assert {"val_loss", "val_bpb", "other_loss", "other_bpb", "hellaswag_acc", "hellaswag_acc_norm"} <= set(row)
+    assert f"hellaswag acc {row['hellaswag_acc']:.4f}" in out and f"other loss {row['other_loss']:.4f}" in out
+
+    model = load_model(str(tmp_path / "run" / "model.pt"))
+    enc = gpt2()
+    for label, folder in (("val", "data"), ("other", "other")):
+        val = np.fromfile(tmp_path / folder / "val.bin", dtype=np.uint16)
+        x, y = read_windows(val, window_starts(len(val), 32), 32)
+        with torch.no_grad():
+            logits, _ = model(torch.from_numpy(x.astype(np.int64)), torch.from_numpy(y.astype(np.int64)))
+        losses = F.cross_entropy(logits.reshape(-1, logits.size(-1)).double(), torch.from_numpy(
+            y.reshape(-1).astype(np.int64)), reduction="none")
+        nbytes = torch.tensor([0 if t == enc.eot_token else len(enc.decode_single_token_bytes(int(t)))
+                               for t in y.reshape(-1)])
+        assert math.isclose(row[f"{label}_loss"], float(losses.mean()), rel_tol=1e-5)
+        bpb = float(losses[nbytes > 0].sum() / math.log(2) / nbytes.sum())
+        assert math.isclose(row[f"{label}_bpb"], bpb, rel_tol=1e-5), (label, row[f"{label}_bpb"], bpb)
+
+    assert eval_script.main([str(tmp_path / "run" / "model.pt"), "--task", "hellaswag", "--data", str(TINY),
+                             "--limit", "20", "--out", str(tmp_path / "h.json")]) == 0
+    scored = json.loads((tmp_path / "h.json").read_text())
+    assert (scored["acc"], scored["acc_norm"]) == (row["hellaswag_acc"], row["hellaswag_acc_norm"])
+
+
+def test_lm_evaluation_harness_agrees_with_eval_py_on_every_example(tmp_path, monkeypatch):
+    """lm-eval (requirements-eval.txt) through its Python API, offline, on the export_hf folder, with a local task in
+    HellaSwag's format rendered as ours (context, then " " + ending): its acc is ours, example by example."""
+    lm_eval = pytest.importorskip("lm_eval")
+    from lm_eval.tasks import TaskManager
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    torch.manual_seed(5)
+    model = GPT(GPTConfig(block_size=128, vocab_size=50257, n_layer=2, n_head=2, n_embd=32)).eval()
+    save_export(model, tmp_path / "model.pt")
+    export_hf.main([str(tmp_path / "model.pt"), str(tmp_path / "hf")])
+    data = tmp_path / "task" / "data.jsonl"
+    data.parent.mkdir()
+    data.write_text("\n".join(TINY.read_text().splitlines()[:24]) + "\n")
+    (tmp_path / "task" / "tiny_hellaswag.yaml").write_text(
+        "task: tiny_hellaswag\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
+        f"    test: {data}\ntest_split: test\noutput_type: multiple_choice\ndoc_to_text: \"{{{{ctx}}}}\"\n"
+        "doc_to_target: \"{{label}}\"\ndoc_to_choice: \"{{endings}}\"\ntarget_delimiter: \" \"\n"
+        "metric_list:\n  - metric: acc\n")
+    results = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={tmp_path / 'hf'}", tasks=["tiny_hellaswag"],
+                                      task_manager=TaskManager(include_path=str(tmp_path / "task")), log_samples=True,
+                                      batch_size=4, device="cpu")
+    theirs = {s["doc_id"]: s["acc"] for s in results["samples"]["tiny_hellaswag"]}
+    assert eval_script.main([str(tmp_path / "model.pt"), "--task", "hellaswag", "--data", str(data), "--out",
+                             str(tmp_path / "ours.json")]) == 0
+    ours = {p["ind"]: float(p["pred"] == p["label"]) for p in json.loads((tmp_path / "ours.json").read_text())[
+        "predictions"]}
+    assert len(ours) == 24 and theirs == ours

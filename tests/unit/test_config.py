@@ -1,0 +1,266 @@
+"""train.py's configuration: config files, --key=value overrides, types, cross-field rules, shipped presets, one-line
+errors (--help, through the command line: tests/e2e/test_config.py)."""
+
+import dataclasses
+
+import pytest
+import torch
+
+import train
+from helpers import REPO, main_error
+from pilegpt.common import UserError
+from pilegpt.train import config as train_config
+
+DATA = ["--data_dir=data/x"]  # every config needs a data source; the folder is not opened by load_config
+
+
+def write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_unknown_cli_key_is_rejected_with_did_you_mean():
+    with pytest.raises(UserError, match=r"unknown config key 'n_layers'; did you mean n_layer\?"):
+        train_config.load_config([*DATA, "--n_layers=3"])
+
+
+def test_unknown_key_in_a_config_file_is_rejected_with_did_you_mean(tmp_path):
+    path = write(tmp_path, "c.py", "data_dir = 'd'\nlearning_rat = 1e-3\n")
+    with pytest.raises(UserError, match=r"c\.py: unknown config key 'learning_rat'; did you mean learning_rate\?"):
+        train_config.load_config([path])
+
+
+def test_wrong_type_is_rejected_naming_the_key_and_type(tmp_path):
+    with pytest.raises(UserError, match=r"n_layer must be int, got 'abc'"):
+        train_config.load_config([*DATA, "--n_layer=abc"])
+    with pytest.raises(UserError, match=r"n_layer must be int, got 2\.5"):
+        train_config.load_config([*DATA, "--n_layer=2.5"])
+    path = write(tmp_path, "c.py", "data_dir = 'd'\ndropout = '0.1'\n")
+    with pytest.raises(UserError, match=r"c\.py: dropout must be float, got '0\.1'"):
+        train_config.load_config([path])
+
+
+def test_values_are_converted_from_the_annotations():
+    cfg = train_config.load_config([*DATA, "--learning_rate=1", "--max_duration=10ba", "--run_name=123",
+                             "--device_train_microbatch_size=4", "--global_batch_size=8",
+                             "--device_eval_batch_size=None", "--data_local=s3cache"])
+    assert cfg.learning_rate == 1.0 and isinstance(cfg.learning_rate, float)  # an int is fine for a float
+    assert cfg.max_duration == "10ba"  # Composer time strings stay strings
+    assert cfg.run_name == "123"  # a str field keeps digits as text
+    assert cfg.device_train_microbatch_size == 4 and cfg.device_eval_batch_size is None
+    auto = train_config.load_config([*DATA, "--device_train_microbatch_size=auto"])
+    assert auto.device_train_microbatch_size == "auto"
+
+
+def test_bools_parse_true_false_and_reject_other_values():
+    assert train_config.load_config([*DATA, "--bias=False", "--compile=true"]).bias is False
+    assert train_config.load_config([*DATA, "--compile=True"]).compile is True
+    with pytest.raises(UserError, match="bias must be bool, got 1"):
+        train_config.load_config([*DATA, "--bias=1"])
+    with pytest.raises(UserError, match="bias must be bool, got 'yes'"):
+        train_config.load_config([*DATA, "--bias=yes"])
+
+
+def test_only_the_first_equals_sign_splits_key_and_value():
+    cfg = train_config.load_config([*DATA, "--sample_prompt=a=b==c"])
+    assert cfg.sample_prompt == "a=b==c"
+
+
+def test_lists_of_remotes_parse_as_lists_and_a_single_remote_as_a_string():
+    cfg = train_config.load_config(["--data_remote=['s3://a/mds', 's3://b/mds']"])
+    assert cfg.data_remote == ["s3://a/mds", "s3://b/mds"]
+    assert train_config.load_config(["--data_remote=s3://a/mds"]).data_remote == "s3://a/mds"
+    with pytest.raises(UserError, match="data_remote must be str or list of str or None"):
+        train_config.load_config(["--data_remote=[1, 2]"])
+
+
+def test_cli_overrides_win_over_files_and_later_files_over_earlier(tmp_path):
+    a = write(tmp_path, "a.py", "data_dir = 'd'\nn_layer = 3\nn_head = 2\nn_embd = 64\n")
+    b = write(tmp_path, "b.py", "n_layer = 5\n")
+    assert train_config.load_config([a]).n_layer == 3
+    assert train_config.load_config([a, b]).n_layer == 5
+    assert train_config.load_config([a, "--n_layer=7", b]).n_layer == 5  # applied in the order given
+    assert train_config.load_config([a, b, "--n_layer=7"]).n_layer == 7
+    assert train_config.load_config([a, b]).run_name == "b"  # default run name: the last config file's name
+
+
+def test_config_files_skip_imports_functions_and_private_names(tmp_path):
+    path = write(tmp_path, "c.py", "import os\nfrom os import path\n\n\ndef helper():\n    return 4\n\n\n"
+                                   "_private = 1\nn_layer = helper()\ndata_dir = path.join('a', 'b')\n")
+    cfg = train_config.load_config([path])
+    assert cfg.n_layer == 4 and cfg.data_dir == "a/b"
+
+
+def test_a_config_file_that_fails_to_run_is_one_clear_error(tmp_path):
+    path = write(tmp_path, "c.py", "n_layer = 1 / 0\n")
+    with pytest.raises(UserError, match=r"c\.py failed to run: ZeroDivisionError"):
+        train_config.load_config([path])
+    with pytest.raises(UserError, match="config file nope.py not found"):
+        train_config.load_config(["nope.py"])
+
+
+def test_base_applies_another_file_first_relative_to_the_file(tmp_path):
+    (tmp_path / "sub").mkdir()
+    write(tmp_path, "base.py", "data_dir = 'd'\nn_layer = 3\nn_head = 4\nn_embd = 64\n")
+    child = write(tmp_path / "sub", "child.py", "base = '../base.py'\nn_layer = 6\n")
+    cfg = train_config.load_config([child])
+    assert (cfg.n_layer, cfg.n_head, cfg.data_dir) == (6, 4, "d")
+    loop = write(tmp_path, "loop.py", "base = 'loop.py'\n")
+    with pytest.raises(UserError, match="includes itself"):
+        train_config.load_config([loop])
+
+
+def test_cross_field_rules_are_checked():
+    with pytest.raises(UserError, match=r"n_embd \(100\) must be a multiple of n_head \(3\)"):
+        train_config.load_config([*DATA, "--n_embd=100", "--n_head=3"])
+    with pytest.raises(UserError, match="no data"):
+        train_config.load_config([])
+    with pytest.raises(UserError, match="warmup \\(10ba\\) must use max_duration's unit"):
+        train_config.load_config([*DATA, "--warmup=10ba", "--max_duration=100000tok"])
+    assert train_config.load_config([*DATA, "--warmup=0.1dur", "--max_duration=100000tok"]).warmup == "0.1dur"
+    with pytest.raises(UserError, match="max_duration='ten' is not a Composer time string"):
+        train_config.load_config([*DATA, "--max_duration=ten"])
+    with pytest.raises(UserError, match="min_lr must be in"):
+        train_config.load_config([*DATA, "--min_lr=1.0"])
+    with pytest.raises(UserError, match="device_train_microbatch_size must be an integer or 'auto'"):
+        train_config.load_config([*DATA, "--device_train_microbatch_size=big"])
+
+
+def test_setting_data_dir_or_data_remote_replaces_the_other(tmp_path):
+    remote_file = write(tmp_path, "r.py", "data_remote = 's3://b/mds'\n")
+    cfg = train_config.load_config([remote_file, "--data_dir=local"])
+    assert (cfg.data_dir, cfg.data_remote) == ("local", None)
+    cfg = train_config.load_config([*DATA, "--data_remote=s3://b/x"])
+    assert (cfg.data_dir, cfg.data_remote) == (None, "s3://b/x")
+    both = write(tmp_path, "both.py", "data_remote = 's3://b/mds'\ndata_dir = 'd'\n")
+    with pytest.raises(UserError, match="both data_dir .* and data_remote are set"):
+        train_config.load_config([both])
+
+
+def test_batch_must_split_evenly_over_processes_and_microbatches():
+    cfg = train_config.load_config([*DATA, "--global_batch_size=48", "--device_train_microbatch_size=8"])
+    assert cfg.global_batch_size == 48 and cfg.per_rank_batch(1) == 48
+    with pytest.raises(UserError, match=r"global_batch_size \(48\) must be divisible by the number of processes \(5\)"):
+        cfg.per_rank_batch(5)
+    # 12 per process is not a multiple of 8; 6 would be
+    with pytest.raises(UserError, match=r"\(48 / 4 = 12\) must be a multiple of device_train_microbatch_size "
+                                        r"\(8\); e.g. 6"):
+        cfg.per_rank_batch(4)
+    assert cfg.per_rank_batch(8) == 6 and cfg.device_train_microbatch_size == 8  # one microbatch of 6
+
+
+def test_train_config_reads_no_environment(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "5")  # the launcher's variables are train.py's business, not the config's
+    assert train_config.load_config([*DATA, "--global_batch_size=48"]).global_batch_size == 48
+
+
+def test_cli_syntax_errors_are_clear():
+    with pytest.raises(UserError, match="write --key=value"):
+        train_config.load_config([*DATA, "--n_layer", "3"])
+    with pytest.raises(UserError, match="unknown option -x"):
+        train_config.load_config([*DATA, "-x"])
+
+
+def test_user_errors_exit_2_with_one_line(capsys):
+    assert "did you mean n_layer" in main_error(train.main, [*DATA, "--n_layers=3"], capsys)
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("--max_duration=0ba", "max_duration='0ba' must be more than 0"),  # said "already trained for 0ba"
+    ("--eval_interval=0", "eval_interval='0' must be more than 0"),  # turned evaluation off without a word
+])
+def test_a_zero_duration_or_eval_interval_is_refused_before_training(tmp_path, capsys, setting, message):
+    error = main_error(train.main, [*DATA, setting, f"--save_folder={tmp_path / 'run'}"], capsys)
+    assert message in error, error
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("args, folder", [
+    (["--save_folder=RUNS/ru n#1"], "RUNS/ru n#1"),  # checkpoints went to "ru n", and the resume failed
+    (["--save_folder=RUNS/{run_name}", "--run_name=try?2"], "RUNS/try?2"),
+    (["--save_folder=s3://bucket/runs/a#1"], "s3://bucket/runs/a#1"),  # the upload worked, training failed
+])
+def test_a_save_folder_that_composer_would_read_as_another_place_is_refused(tmp_path, capsys, args, folder):
+    args = [a.replace("RUNS", str(tmp_path / "runs")) for a in args]
+    folder = folder.replace("RUNS", str(tmp_path / "runs"))
+    error = main_error(train.main, [*DATA, *args], capsys)
+    assert f"save_folder {folder!r}: Composer reads it as a URL, where '#', '?' and ';' end the path" in error, error
+    assert not (tmp_path / "runs").exists()
+    fine = tmp_path / "runs" / "ru n, ü & co"  # spaces, commas, '&' and non-ASCII are fine: kept as given
+    assert train_config.load_config([*DATA, f"--save_folder={fine}"]).save_folder == str(fine)
+
+
+def test_an_s3_data_remote_that_streaming_would_read_as_another_prefix_is_refused():
+    with pytest.raises(UserError, match=r"data_remote 's3://b/mds#2': Streaming reads it as a URL"):
+        train_config.load_config(["--data_remote=['s3://b/mds', 's3://b/mds#2']"])
+
+
+
+
+def test_every_field_has_a_comment():
+    comments = train_config.field_comments()
+    assert set(comments) == {f.name for f in dataclasses.fields(train_config.TrainConfig)}
+
+
+def test_pile_config_reads_the_data_remote_and_run_settings_from_the_environment(monkeypatch):
+    monkeypatch.setenv("DATA_REMOTE", "s3://bucket/pile/mds")
+    monkeypatch.setenv("CHECKPOINT_FOLDER", "s3://bucket/runs/x")
+    monkeypatch.setenv("RUN_NAME", "x")
+    cfg = train_config.load_config([str(REPO / "config" / "pile.py")])
+    assert (cfg.data_remote, cfg.save_folder, cfg.run_name, cfg.autoresume) == \
+        ("s3://bucket/pile/mds", "s3://bucket/runs/x", "x", True)
+
+
+@pytest.mark.parametrize("name, n_params, tokens_per_step, fsdp", [
+    ("pile", (124.4e6, 124.5e6), 491_520, False),
+    ("pile_350m", (350e6, 360e6), 491_520, False),
+    ("pile_760m", (750e6, 770e6), 491_520, False),
+    ("pile_1.3b", (1.30e9, 1.35e9), 983_040, True),
+])
+def test_pile_presets(monkeypatch, name, n_params, tokens_per_step, fsdp):
+    monkeypatch.delenv("RUN_NAME", raising=False)
+    cfg = train_config.load_config([str(REPO / "config" / f"{name}.py")])
+    with torch.device("meta"):  # count parameters without allocating them
+        n = train.GPT(cfg.model_config()).num_params()
+    assert n_params[0] <= n <= n_params[1]
+    assert cfg.global_batch_size * cfg.block_size == tokens_per_step
+    assert cfg.fsdp is fsdp and cfg.autoresume and cfg.vocab_size == 50257 and cfg.block_size == 1024
+    # The per-GPU batch on one 8-GPU node splits into whole microbatches.
+    assert (cfg.global_batch_size // 8) % cfg.device_train_microbatch_size == 0
+    assert cfg.run_name.startswith("pile-")
+
+
+def test_small_configs_are_valid_for_cpu():
+    for name in ("tiny", "quickstart"):
+        cfg = train_config.load_config([str(REPO / "config" / f"{name}.py")])
+        assert isinstance(cfg.device_train_microbatch_size, int) and cfg.precision == "auto" and not cfg.fsdp
+
+
+def test_pile_config_reads_several_comma_separated_remotes_as_streams(monkeypatch):
+    monkeypatch.setenv("DATA_REMOTE", "s3://bucket/parts/part-00, s3://bucket/parts/part-01")
+    cfg = train_config.load_config([str(REPO / "config" / "pile.py")])
+    assert cfg.data_remote == ["s3://bucket/parts/part-00", "s3://bucket/parts/part-01"]
+
+
+@pytest.mark.parametrize("key, ours", [("max_iters", "max_duration"), ("batch_size", "global_batch_size"),
+                                       ("eval_iters", "eval_subset_num_batches"), ("out_dir", "save_folder")])
+def test_nanogpt_setting_names_get_a_hint_naming_ours(tmp_path, key, ours):
+    with pytest.raises(UserError, match=rf"argument --{key}=1: '{key}' is nanoGPT's name; here it is {ours}"):
+        train_config.load_config([*DATA, f"--{key}=1"])
+    path = write(tmp_path, "c.py", f"data_dir = 'd'\n{key} = 1\n")
+    with pytest.raises(UserError, match=rf"c\.py: '{key}' is nanoGPT's name; here it is {ours}"):
+        train_config.load_config([path])
+
+
+def test_ctrl_c_that_lands_inside_a_write_is_still_an_interrupt(capsys):
+    """Composer's SIGINT handler exits with 130 inside torch.save, which then fails with its own RuntimeError."""
+    def main(argv):
+        try:
+            raise SystemExit(130)
+        except SystemExit:
+            raise RuntimeError("unexpected pos 6573504 vs 6573396") from None
+
+    with pytest.raises(SystemExit) as e:
+        train.run_main(main, [])
+    assert e.value.code == 130 and capsys.readouterr().err == "interrupted\n"

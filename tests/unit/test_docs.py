@@ -1,0 +1,319 @@
+"""The docs stay true: every relative link and anchor resolves, every command README.md names exists, every test
+function the docs name exists, and docs/layout.md's module table is the modules' own docstrings (docs/testing.md).
+
+Reads files only: no subprocess, no network, no torch.
+
+    python tests/unit/test_docs.py --write-layout    # rewrite docs/layout.md's module table from the docstrings
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import re
+import shlex
+import sys
+from pathlib import Path
+from typing import Iterator, Optional
+
+REPO = next(p for p in Path(__file__).resolve().parents if (p / "Makefile").is_file() and (p / "pilegpt").is_dir())
+README = REPO / "README.md"
+PAGES = sorted((REPO / "docs").glob("*.md"))
+LINKED = [README, REPO / "CHANGELOG.md", *PAGES]  # every relative link in these must resolve
+LAYOUT = REPO / "docs" / "layout.md"
+TABLE_START = "<!-- module table:"
+TABLE_END = "<!-- end of module table -->"
+README_MAX_LINES = 260
+# Module groups of the table, in the pipeline's order; a folder not listed here gets its path as its title.
+GROUPS = {"": "the model", "pilegpt": "shared by the stages", "pilegpt/prepare": "prepare_data.py's parts",
+          "pilegpt/mds": "to_mds.py's and upload_s3.py's parts", "pilegpt/train": "train.py's parts"}
+# `python -m X` for these runs another tool, not a module of this repo.
+OTHER_MODULES = {"pip", "venv", "pytest", "ruff", "cProfile", "http.server", "json.tool"}
+
+FENCE = re.compile(r"^\s*(```|~~~)")
+HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
+LINK = re.compile(r"\[(?:[^\]\[]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+TEST_NAME = re.compile(r"\b(test_\w+)\b(?!\.py|/)")
+PATH = re.compile(r"[\w.-]+(/[\w.-]+)*\.(py|sh|sbatch|yaml|txt|jsonl)")  # a repo file a command names
+SENTENCE_END = re.compile(r"(?<!e\.g)(?<!i\.e)[.!?](?=\s|$)")
+
+
+# ---- reading markdown ----------------------------------------------------------------------------------------
+
+
+def prose_lines(text: str) -> Iterator[tuple[int, str]]:
+    """(line number, line) of the text outside fenced code blocks."""
+    fenced = False
+    for number, line in enumerate(text.splitlines(), 1):
+        if FENCE.match(line):
+            fenced = not fenced
+        elif not fenced:
+            yield number, line
+
+
+def code_blocks(text: str) -> Iterator[tuple[str, list[str]]]:
+    """(language, lines) of each fenced code block."""
+    language, lines = None, []
+    for line in text.splitlines():
+        if FENCE.match(line):
+            if language is None:
+                language, lines = line.strip().strip("`~").strip().lower(), []
+            else:
+                yield language, lines
+                language = None
+        elif language is not None:
+            lines.append(line)
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: the rendered text, lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading).strip().lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    """Every heading anchor of a markdown file; a repeated heading gets -1, -2, ... as on GitHub."""
+    seen: dict[str, int] = {}
+    found = set()
+    for _, line in prose_lines(path.read_text()):
+        if m := HEADING.match(line):
+            base = slug(m.group(2))
+            found.add(f"{base}-{seen[base]}" if base in seen else base)
+            seen[base] = seen.get(base, 0) + 1
+    return found
+
+
+def relative_links(path: Path) -> Iterator[tuple[int, str]]:
+    for number, line in prose_lines(path.read_text()):
+        for target in LINK.findall(re.sub(r"`[^`]*`(?!\])", "``", line)):
+            if not re.match(r"^[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto: are not files
+                yield number, target
+
+
+def broken_link(path: Path, target: str) -> Optional[str]:
+    name, _, anchor = target.partition("#")
+    file = (path.parent / name).resolve() if name else path
+    if not file.exists():
+        return "no such file"
+    if anchor and file.suffix == ".md" and anchor not in anchors(file):
+        return f"no heading with the anchor #{anchor} in {file.relative_to(REPO)}"
+    return None
+
+
+# ---- commands --------------------------------------------------------------------------------------------------
+
+
+def strip_comment(line: str) -> str:
+    """The line without its shell comment: a # at the start or after a space, outside quotes."""
+    quote = None
+    for i, char in enumerate(line):
+        if quote:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and (i == 0 or line[i - 1].isspace()):
+            return line[:i]
+    return line
+
+
+def shell_commands(markdown: str) -> Iterator[list[str]]:
+    """The words of each command in the file's bash blocks (continued lines joined, split at && ; |)."""
+    for language, lines in code_blocks(markdown):
+        if language not in ("bash", "sh", "shell", "console"):
+            continue
+        text = "\n".join(strip_comment(line) for line in lines).replace("\\\n", " ")
+        for line in text.splitlines():
+            lexer = shlex.shlex(line.strip().removeprefix("$ "), posix=True, punctuation_chars=";&|")
+            lexer.whitespace_split, lexer.commenters = True, ""
+            words: list[str] = []
+            for word in lexer:
+                if word in ("&&", "||", ";", "|", "&"):
+                    yield words
+                    words = []
+                else:
+                    words.append(word.strip("[]"))
+            yield words
+
+
+def make_targets() -> set[str]:
+    return set(re.findall(r"^([A-Za-z][\w-]*)\s*:(?!=)", (REPO / "Makefile").read_text(), re.M))
+
+
+def train_settings() -> set[str]:
+    """TrainConfig's field names, read from its source (importing it would import torch)."""
+    tree = ast.parse((REPO / "pilegpt" / "train" / "config.py").read_text())
+    config = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "TrainConfig")
+    return {n.target.id for n in config.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+
+
+def module_file(name: str) -> Optional[Path]:
+    for candidate in (REPO / (name.replace(".", "/") + ".py"), REPO / name.replace(".", "/") / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def sources_of(script: Path) -> str:
+    """The script's source and that of the repo modules it imports: where its argparse flags are written."""
+    text = script.read_text()
+    found = [text]
+    for node in ast.walk(ast.parse(text)):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+        found += [file.read_text() for name in names if (file := module_file(name)) and name.startswith("pilegpt")]
+    return "\n".join(found)
+
+
+def command_problems(words: list[str]) -> list[str]:
+    """What in one command does not exist: a script, module, config file, make target or flag it names."""
+    if not words:
+        return []
+    if words[0] == "make":
+        return [f"make {t}: no such target in the Makefile" for t in words[1:]
+                if not t.startswith("-") and "=" not in t and t not in make_targets()]
+    problems, script = [], None
+    for i, word in enumerate(words):
+        if i and words[i - 1] == "-m" and words[0].startswith("python"):
+            if word not in OTHER_MODULES and not module_file(word):
+                problems.append(f"python -m {word}: no such module")
+        elif PATH.fullmatch(word) and ("/" not in word or (REPO / word.split("/")[0]).is_dir()):
+            if not (REPO / word).is_file():
+                problems.append(f"{word}: no such file")
+            elif word.endswith(".py") and not word.startswith("config/") and script is None:
+                script = REPO / word
+        elif script and word.startswith("--") and len(word) > 2:
+            flag = word.split("=")[0]
+            if script.name == "train.py":
+                if flag[2:] not in train_settings() | {"help"}:
+                    problems.append(f"train.py {flag}: not a TrainConfig setting")
+            elif f'"{flag}"' not in sources_of(script):
+                problems.append(f"{script.relative_to(REPO)} {flag}: no such option in its argparse")
+    return problems
+
+
+# ---- the module table -------------------------------------------------------------------------------------------
+
+
+def modules() -> list[Path]:
+    """model.py and every module of pilegpt/ but the packages' __init__.py, as the table lists them."""
+    found = [REPO / "model.py", *(p for p in (REPO / "pilegpt").rglob("*.py")
+                                  if p.name != "__init__.py" and "__pycache__" not in p.parts)]
+    order = list(GROUPS)
+    return sorted(found, key=lambda p: (order.index(folder(p)) if folder(p) in order else len(order), folder(p),
+                                        p.name))
+
+
+def folder(module: Path) -> str:
+    """The module's folder relative to the repository: "" for model.py, "pilegpt/train" for its parts."""
+    where = module.parent.relative_to(REPO).as_posix()
+    return "" if where == "." else where
+
+
+def summary(module: Path) -> str:
+    """The first sentence of the module's docstring (its first paragraph's lines joined)."""
+    doc = ast.get_docstring(ast.parse(module.read_text())) or ""
+    paragraph = " ".join(doc.strip().split("\n\n")[0].split())
+    end = SENTENCE_END.search(paragraph)
+    return paragraph[: end.end()] if end else paragraph
+
+
+def module_table() -> str:
+    rows = ["| module | what it is (the first sentence of its docstring) |", "|---|---|"]
+    group = None
+    for module in modules():
+        if folder(module) != group:
+            group = folder(module)
+            where = f"`{group}/`: " if group else ""
+            rows.append(f"| **{where}{GROUPS.get(group, group)}** | |")
+        name = module.relative_to(REPO).as_posix()
+        text = summary(module).replace("|", "\\|") or "(no docstring)"
+        rows.append(f"| [`{name}`](../{name}) | {text} |")
+    return "\n".join(rows)
+
+
+def layout_parts() -> tuple[str, str, str]:
+    """docs/layout.md as (before the table, the table, after it)."""
+    text = LAYOUT.read_text()
+    start, end = text.find(TABLE_START), text.find(TABLE_END)
+    if start < 0 or end < start:
+        raise SystemExit(f"{LAYOUT}: the markers {TABLE_START!r} ... {TABLE_END!r} are missing")
+    start = text.index("\n", start) + 1
+    return text[:start], text[start:end].strip("\n"), text[end:]
+
+
+def write_layout() -> None:
+    before, _, after = layout_parts()
+    LAYOUT.write_text(f"{before}{module_table()}\n{after}")
+
+
+# ---- the tests ----------------------------------------------------------------------------------------------
+
+
+def test_every_relative_link_and_anchor_resolves():
+    broken = [f"{path.relative_to(REPO)}:{number}: ({target}) {why}" for path in LINKED if path.is_file()
+              for number, target in relative_links(path) if (why := broken_link(path, target))]
+    assert not broken, "\n".join(broken)
+
+
+def test_every_command_readme_names_exists():
+    commands = list(shell_commands(README.read_text()))
+    assert any(words[:2] == ["make", "test"] for words in commands), "README must name the test command: make test"
+    problems = [f"README.md: {' '.join(words)}: {p}" for words in commands for p in command_problems(words)]
+    assert not problems, "\n".join(problems)
+
+
+def test_every_command_in_the_docs_names_existing_scripts_and_flags():
+    problems = [f"{page.relative_to(REPO)}: {' '.join(words)}: {p}" for page in PAGES
+                for words in shell_commands(page.read_text()) for p in command_problems(words)]
+    assert not problems, "\n".join(problems)
+
+
+def test_every_test_function_the_docs_name_exists():
+    defined = {m for p in (REPO / "tests").rglob("*.py")
+               for m in re.findall(r"^\s*(?:async\s+)?def (test_\w+)", p.read_text(), re.M)}
+    missing = [f"{page.relative_to(REPO)}:{number}: {name}" for page in [README, *PAGES]
+               for number, line in enumerate(page.read_text().splitlines(), 1)
+               for name in TEST_NAME.findall(line) if name not in defined]
+    assert not missing, "no such test function under tests/:\n" + "\n".join(missing)
+
+
+def test_every_row_of_what_survives_what_names_its_test_and_the_count_is_right():
+    text = (REPO / "docs" / "robustness.md").read_text()
+    rows = [line for _, line in prose_lines(text)
+            if line.startswith("| ") and not line.startswith("| fault or bad input |")]
+    assert rows and all(TEST_NAME.search(row.split(" | ")[-1]) for row in rows), \
+        [row[:80] for row in rows if not TEST_NAME.search(row.split(" | ")[-1])]
+    counted = re.search(r"Counted over the (\d+) rows", text)
+    assert counted and int(counted.group(1)) == len(rows), f"the counts line should say {len(rows)} rows"
+
+
+def test_the_module_table_is_the_modules_own_docstrings():
+    _, table, _ = layout_parts()
+    expected = module_table()
+    if table != expected:
+        print(expected)
+    assert table == expected, ("docs/layout.md's module table differs from the modules: run "
+                               f"`python tests/unit/test_docs.py --write-layout`, or paste this table:\n\n{expected}\n")
+    assert "(no docstring)" not in expected, "every module needs a docstring"
+
+
+def test_readme_fits_on_a_few_screens():
+    lines = len(README.read_text().splitlines())
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines (at most {README_MAX_LINES}): move detail to docs/"
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write-layout", action="store_true", help="rewrite docs/layout.md's module table")
+    args = parser.parse_args(argv)
+    if not args.write_layout:
+        parser.print_help()
+        return 2
+    write_layout()
+    print(f"wrote the module table of {LAYOUT.relative_to(REPO)} ({len(modules())} modules)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""Damaged run files and eval.py's inputs (issue 31): report.py reads what it can of a damaged metrics.jsonl in
+bounded memory and skips a stray eval result; eval.py checks --out before scoring, splits JSON lines at \\n only,
+names a non-UTF-8 byte by file:line and refuses a label that is not an index, in one line."""
+
+import json
+import tracemalloc
+
+import pytest
+import torch
+
+import eval as eval_script
+import report
+from helpers import FIXTURES, main_error
+from model import GPT, GPTConfig
+from pilegpt import hellaswag, storage
+from pilegpt.checkpoint import save_export
+from pilegpt.common import UserError
+from pilegpt.train import report as run_report
+from pilegpt.train.config import TrainConfig
+
+TINY = FIXTURES / "hellaswag_tiny.jsonl"
+
+
+def write_run(folder, metrics: str):
+    config = {"config": {**TrainConfig(data_dir="d").__dict__, "run_name": "r"}, "world_size": 1, "device": "cpu"}
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "metrics.jsonl").write_text(metrics)
+
+
+def test_report_skips_cut_and_garbage_metrics_lines_and_a_stray_result(tmp_path, capsys):
+    rows = [{"batch": b, "tokens": 100 * b, "time_s": b, "loss": 10.0 - b, "tokens_per_sec": 1000.0} for b in (1, 2, 3)]
+    text = (json.dumps(rows[0]) + "\n" + "%%garbage%%\n" + json.dumps(rows[1]) + "\n" + '{"batch": "x"}\n'
+            + "[1, 2]\n" + json.dumps(rows[2]) + "\n" + '{"batch": 4, "loss": 1.')  # the last line cut by a kill
+    write_run(tmp_path / "run", text)
+    (tmp_path / "run" / "hellaswag_notes.json").write_text('["not", "a", "result"]')
+    assert report.main([str(tmp_path / "run")]) == 0
+    md = (tmp_path / "run" / "report.md").read_text()
+    assert "- 3 batches, 300 tokens" in md and "train loss: 8.0000 (mean of the last 3 batches)" in md
+    assert "- 4 unreadable line(s) of the metrics skipped" in md
+    assert "Not eval.py results, skipped: hellaswag_notes.json." in md
+    assert (tmp_path / "run" / "loss.png").stat().st_size > 0
+
+
+def test_report_reads_metrics_in_memory_far_below_the_file(tmp_path):
+    rows = "".join(json.dumps({"batch": b, "tokens": 4096 * b, "time_s": 0.1 * b, "loss": 5 + 1 / b, "lr": 6e-4,
+                               "tokens_per_sec": 40000.0}) + "\n" for b in range(1, 60_001))
+    write_run(tmp_path / "run", rows + rows)  # every batch twice: a resumed run; the later row wins
+    size = (tmp_path / "run" / "metrics.jsonl").stat().st_size
+    tracemalloc.start()
+    try:
+        metrics = run_report.read_metrics(storage.folder(str(tmp_path / "run")), ["metrics.jsonl"])
+        batches, losses = metrics.train
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(batches) == 60_000 and batches[-1] == 60_000 and losses[0] == 6.0
+    assert peak < size / 2, (peak, size)  # 16 bytes a row (+ the sort at the end), not the rows as dicts
+
+
+def test_a_damaged_config_json_is_one_line(tmp_path, capsys):
+    write_run(tmp_path / "run", "")
+    (tmp_path / "run" / "config.json").write_text('{"config": ')
+    assert "config.json is damaged" in main_error(report.main, [str(tmp_path / "run")], capsys)
+
+
+@pytest.fixture(scope="module")
+def model_file(tmp_path_factory):
+    torch.manual_seed(3)
+    path = tmp_path_factory.mktemp("eval") / "model.pt"
+    save_export(GPT(GPTConfig(block_size=48, vocab_size=50257, n_layer=1, n_head=2, n_embd=16)).eval(), path)
+    return path
+
+
+@pytest.mark.parametrize("where", ["a_folder", "under_a_file"])
+def test_eval_checks_out_before_loading_or_scoring(tmp_path, capsys, where):
+    (tmp_path / "a_folder").mkdir()
+    (tmp_path / "file").write_text("x")
+    out = {"a_folder": tmp_path / "a_folder", "under_a_file": tmp_path / "file" / "r.json"}[where]
+    line = main_error(eval_script.main, [tmp_path / "no-such-model.pt", "--task", "hellaswag", "--data", TINY,
+                                         "--out", out], capsys)
+    assert "--out" in line and "no-such-model" not in line  # refused before the model was even looked for
+
+
+def test_eval_out_into_a_missing_folder_is_made(model_file, tmp_path, capsys):
+    out = tmp_path / "results" / "new" / "r.json"
+    assert eval_script.main([str(model_file), "--task", "hellaswag", "--data", str(TINY), "--limit", "4",
+                             "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["n"] == 4
+
+
+def test_a_line_with_u2028_inside_a_string_is_one_example(tmp_path):
+    lines = TINY.read_text().splitlines()[:3]
+    first = json.loads(lines[0])
+    first["ctx"] = first["ctx"] + "\u2028 and\u2029 more\u0085"
+    path = tmp_path / "h.jsonl"
+    path.write_text("\n".join([json.dumps(first, ensure_ascii=False)] + lines[1:]) + "\n", encoding="utf-8")
+    examples = hellaswag.read_examples(path)
+    assert len(examples) == 3 and examples[0].ctx == first["ctx"]
+
+
+def test_a_non_utf8_byte_is_named_by_file_and_line(tmp_path):
+    lines = TINY.read_bytes().split(b"\n")[:3]
+    path = tmp_path / "h.jsonl"
+    path.write_bytes(b"\n".join([lines[0], lines[1][:10] + b"\xff" + lines[1][10:], lines[2]]))
+    with pytest.raises(UserError, match=r"h\.jsonl:2: not UTF-8 text \(byte 11 of the line\)"):
+        hellaswag.read_examples(path)
+
+
+@pytest.mark.parametrize("label", ["\u00b2", "-1", "4", "1.0", True])
+def test_a_label_that_is_not_an_ending_index_is_one_line(tmp_path, label):
+    record = json.loads(TINY.read_text().splitlines()[0])
+    record["label"] = label
+    path = tmp_path / "h.jsonl"
+    path.write_text(json.dumps(record) + "\n", encoding="utf-8")
+    with pytest.raises(UserError, match=r"h\.jsonl:1: 'label' must be the index of the right ending"):
+        hellaswag.read_examples(path)
