@@ -9,12 +9,22 @@ import os
 import pickle
 import re
 import signal
-import time
 import zipfile
 
 import pytest
 
-from helpers import SMALL, failed_with_one_line, finish, run_command, run_train, script, start_train, write_random_bin
+from helpers import (
+    SMALL,
+    failed_with_one_line,
+    finish,
+    run_command,
+    run_train,
+    script,
+    start_train,
+    succeeded,
+    wait_until,
+    write_random_bin,
+)
 
 ARGS = [*SMALL, "--device=cpu", "--sample_length=0", "--progress_bar=False", "--eval_interval=2ba",
         "--eval_subset_num_batches=1", "--save_interval=2ba", "--run_name=ends"]
@@ -26,9 +36,7 @@ def data_dir(tmp_path_factory):
 
 
 def trained(args: list, cwd) -> str:
-    code, out = run_train(args, cwd)
-    assert code == 0, out[-4000:]
-    return out
+    return succeeded(run_train(args, cwd))
 
 
 class Payload:
@@ -83,9 +91,7 @@ def test_a_signal_during_start_up_is_one_line(data_dir, tmp_path, signum, status
     marker = tmp_path / "starting"
     slow = f"--callbacks={{'faults:SlowStart': {{'marker': '{marker}'}}}}"
     proc = start_train([*ARGS, f"--data_dir={data_dir}", "--max_duration=4ba", slow], tmp_path)
-    deadline = time.time() + 120
-    while not marker.exists() and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.1)
+    wait_until(marker.exists, proc, "the start-up window (faults.SlowStart)", seconds=120)
     proc.send_signal(signum)
     code, out = finish(proc, timeout=60)
     assert code == status and line in out.splitlines() and "Traceback" not in out, out[-3000:]
@@ -121,9 +127,8 @@ def test_checkpoint_times_are_logged_and_a_slow_one_is_warned_against(data_dir, 
     slow = "--callbacks={'faults:SlowBatches': {'seconds': 0.3}}"
     proc = start_train([*ARGS, f"--data_dir={data_dir}", "--max_duration=40ba", "--preemption_grace_s=0.02", slow],
                        tmp_path)
-    metrics, deadline = tmp_path / "runs" / "ends" / "metrics.jsonl", time.time() + 120
-    while not (metrics.is_file() and metrics.read_text().count("\n") >= 3) and time.time() < deadline:
-        time.sleep(0.1)
+    metrics = tmp_path / "runs" / "ends" / "metrics.jsonl"
+    wait_until(lambda: metrics.is_file() and metrics.read_text().count("\n") >= 3, proc, "batch 3", seconds=120)
     proc.send_signal(signal.SIGTERM)
     code, out = finish(proc, timeout=120)
     assert code == 143, out[-3000:]
