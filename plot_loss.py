@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from pilegpt.common import UserError, run_main
-from pilegpt.train.report import Metrics, plot
+from pilegpt.train.report import Metrics, plot, read_metrics_file
 
 
 def read_metrics(path: Path) -> Metrics:
@@ -18,10 +18,7 @@ def read_metrics(path: Path) -> Metrics:
         path = path / "metrics.jsonl"
     if not path.is_file():
         raise UserError(f"{path} not found: pass a run folder written by train.py (e.g. runs/quickstart)")
-    metrics = Metrics()
-    with open(path, "rb") as f:
-        for line in f:
-            metrics.add_line(line)
+    metrics = read_metrics_file(path, Metrics())
     if not len(metrics.train[0]):
         raise UserError(f"{path} holds no train loss yet: did the run get past its first batch?")
     return metrics

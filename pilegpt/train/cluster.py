@@ -60,8 +60,8 @@ def join(world: World, device: str, timeout: float) -> None:
     try:
         dist.initialize_dist(device, timeout=timeout)
         dist.barrier()  # every process has joined (gloo and NCCL may connect lazily)
-    except Exception as e:  # the store's or the barrier's timeout; a refused connection retried until it
-        if dist.is_initialized() and not is_timeout(e):
+    except Exception as e:  # the store's or the barrier's timeout; a refused connection is retried until it
+        if not is_timeout(e):
             raise
         raise UserError(f"rank {world.rank}: gave up after {timeout:.0f} s waiting for {others} of the job at "
                         f"{where}: start every node (node_rank 0 to {world.nodes - 1}) with the same --master_addr "

@@ -19,6 +19,7 @@ from composer.utils import dist
 # wrappers read it as "terminated", not as a failure of the program; the line before it and the checkpoint at that
 # batch tell it from a plain kill.
 PREEMPTED = 143
+SAVE_FLOOR_S = 0.05  # a checkpoint event shorter than this wrote nothing (no save was due): not timed
 REPEAT_S = 2.0  # SIGTERMs this close to the first are the same notice (see StopOnSignal.on_signal)
 
 
@@ -75,12 +76,12 @@ class CheckpointClock(Callback):
 
     def __init__(self, grace_s: float, uploads=None) -> None:
         self.grace_s, self.uploads = grace_s, uploads
-        self.started: Optional[tuple[int, float, int]] = None  # (batch, time, uploads queued) at BATCH_CHECKPOINT
+        self.started: Optional[tuple] = None  # (batch, time, the uploads it submits) at BATCH_CHECKPOINT
         self.warned = False
 
     def batch_checkpoint(self, state: State, logger: Logger) -> None:  # Composer's CheckpointSaver runs after this
-        queued = len(self.uploads._futures) if self.uploads is not None else 0
-        self.started = (int(state.timestamp.batch), time.monotonic(), queued)
+        watcher = self.uploads.watch_uploads() if self.uploads is not None else None
+        self.started = (int(state.timestamp.batch), time.monotonic(), watcher)
 
     def batch_start(self, state: State, logger: Logger) -> None:
         self.measure()
@@ -89,11 +90,11 @@ class CheckpointClock(Callback):
         self.measure()
 
     def measure(self) -> None:
-        if self.started is None or dist.get_global_rank() != 0:
+        if self.started is None:
             return
-        batch, t0, queued = self.started
+        batch, t0, watcher = self.started
         self.started = None
-        new = self.uploads._futures[queued:] if self.uploads is not None else []
+        new = self.uploads.unwatch_uploads(watcher) if watcher is not None else []
         if not new:
             self.check(batch, time.monotonic() - t0, "write")
             return
@@ -108,7 +109,9 @@ class CheckpointClock(Callback):
             future.add_done_callback(done)
 
     def check(self, batch: int, seconds: float, what: str) -> None:
-        if seconds > self.grace_s / 2 and not self.warned and seconds > 0.05:  # a save, not an empty event
+        if seconds <= SAVE_FLOOR_S or self.warned or dist.get_global_rank() != 0:
+            return
+        if seconds > self.grace_s / 2:
             self.warned = True
             print(f"warning: the checkpoint of batch {batch} took {seconds:.1f} s to {what}, more than half the "
                   f"preemption grace period (preemption_grace_s={self.grace_s:g} s): after a SIGTERM a batch, its "

@@ -99,16 +99,24 @@ def is_row(row) -> bool:
 
 
 def read_metrics(folder, names: list[str]) -> Metrics:
-    """Metrics of the files `names` of a storage folder, in order, one line at a time (S3: each file downloaded
-    to a temporary file first)."""
+    """Metrics of the files `names` of a storage folder, in order, one line at a time (a local folder's files
+    where they are; S3: each file downloaded to a temporary file first)."""
     metrics = Metrics()
     with tempfile.TemporaryDirectory(prefix="report-metrics-") as tmp:
         for name in names:
-            local = Path(tmp) / "metrics.jsonl"
-            folder.download(name, local)
-            with open(local, "rb") as f:
-                for line in f:
-                    metrics.add_line(line)
+            if isinstance(folder, storage.LocalDir):
+                read_metrics_file(folder.path / name, metrics)
+                continue
+            folder.download(name, Path(tmp) / "metrics.jsonl")
+            read_metrics_file(Path(tmp) / "metrics.jsonl", metrics)
+    return metrics
+
+
+def read_metrics_file(path: Path, metrics: Metrics) -> Metrics:
+    """Add every line of the local metrics file `path` to `metrics`, one line at a time."""
+    with open(path, "rb") as f:
+        for line in f:
+            metrics.add_line(line)
     return metrics
 
 

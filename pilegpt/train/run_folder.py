@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import json
 import os
+from pathlib import Path
 from typing import NamedTuple, Optional
 
 from composer.utils import dist
@@ -80,7 +81,7 @@ def claim_staging_folder(run_dir: str, save_folder: str) -> None:
     and a run into another save_folder with the same run_name is refused in one line (its metrics and report would
     mix with the other run's)."""
     marker = os.path.join(run_dir, STAGED_FOR)
-    owner = open(marker).read().strip() if os.path.isfile(marker) else None
+    owner = Path(marker).read_text().strip() if os.path.isfile(marker) else None
     if owner is not None and owner != save_folder:
         raise UserError(f"{run_dir} holds the local files of the run in {owner} (same run_name): choose another "
                         f"--run_name for {save_folder}, or move {run_dir} away")

@@ -65,6 +65,7 @@ class S3Uploads(LoggerDestination):
         self._staging = tempfile.mkdtemp(prefix="pile-gpt-uploads-")
         self._futures: list[Future] = []  # not yet seen finished by check_workers / wait
         self._by_key: dict[str, Future] = {}  # the latest upload of each key
+        self._watchers: list[list[Future]] = []  # lists that receive each upload submitted (watch_uploads)
         self._failed = threading.Event()
         self._closed = False
         self._backend = None
@@ -85,7 +86,19 @@ class S3Uploads(LoggerDestination):
         future = self._pool.submit(self._upload, key, staged, overwrite)
         self._futures.append(future)
         self._by_key[key] = future
+        for watcher in self._watchers:
+            watcher.append(future)
         return future
+
+    def watch_uploads(self) -> list[Future]:
+        """A list that receives every upload submitted from now on, until unwatch_uploads(it)."""
+        self._watchers.append(watcher := [])
+        return watcher
+
+    def unwatch_uploads(self, watcher: list[Future]) -> list[Future]:
+        """The uploads submitted since watch_uploads() gave `watcher`; it receives no more."""
+        self._watchers.remove(watcher)
+        return watcher
 
     def _upload(self, key: str, staged: str, overwrite: bool) -> None:
         url = f"s3://{self.bucket}/{key}"
