@@ -217,6 +217,13 @@ class StopOnNonFinite(Callback):
                         f"--warmup, then continue from the last good checkpoint with --autoresume=True")
 
 
+def ends_with_newline(path: str) -> bool:
+    """Whether the non-empty file `path` ends with a newline."""
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
+
+
 class MetricsLog(LoggerDestination):
     """Collects what Composer logs for each batch into one JSON line of metrics.jsonl (rank 0); prints
     a one-line summary every log_interval batches when the progress bar is off, and every evaluation."""
@@ -234,6 +241,7 @@ class MetricsLog(LoggerDestination):
         self.row: dict[str, Any] = {}
         self.last_eval: dict[str, float] = {}  # the latest figure of each eval set (val_loss, owt_bpb, ...)
         self.t0 = time.time()
+        self.first_write = True  # the file may end in a line a killed run cut short
 
     def fit_end(self, state: State, logger: Logger) -> None:
         if self.remote_name and dist.get_global_rank() == 0 and os.path.isfile(self.path):
@@ -257,10 +265,10 @@ class MetricsLog(LoggerDestination):
         row = {"batch": batch, "tokens": int(state.timestamp.token), "time_s": round(time.time() - self.t0, 3),
                **self.row}
         self.row = {}
-        with open(self.path, "a+b") as f:
-            f.seek(0, os.SEEK_END)
-            if f.tell() and (f.seek(-1, os.SEEK_END), f.read(1))[1] != b"\n":  # a line cut by a kill stays apart
-                f.write(b"\n")
+        with open(self.path, "ab") as f:
+            if self.first_write and f.tell() and not ends_with_newline(self.path):  # a line cut by a kill
+                f.write(b"\n")  # stays apart from this run's rows; each row after it ends with one itself
+            self.first_write = False
             f.write(json.dumps(row).encode() + b"\n")
         if self.print_steps and (batch % self.log_interval == 0 or batch == 1) and "loss" in row:
             tps = f"{row['tokens_per_sec'] / 1000:.1f}k tok/s" if "tokens_per_sec" in row else "- tok/s"
