@@ -82,9 +82,8 @@ def node_signal_files_per_node() -> Iterator[None]:
 
 @contextlib.contextmanager
 def launcher_processes_seen(seen: dict) -> Iterator[None]:
-    """Inside, Composer's launcher fills `seen`: "processes" (global rank -> Popen) and "first_failures" (global rank
-    -> returncode of the ranks that had failed when the launcher noticed the first failure, before it sent SIGTERM
-    to the others).
+    """Inside, Composer's launcher fills `seen["first_failures"]`: global rank -> returncode of the ranks that had
+    failed when the launcher noticed the first failure, before it sent SIGTERM to the others.
 
     Private: composer.cli.launcher._monitor_processes(processes) returns at the first failed rank; the launcher
     then SIGTERMs the rest and returns the first non-zero status in rank order, which may be the SIGTERM's echo
@@ -95,7 +94,6 @@ def launcher_processes_seen(seen: dict) -> Iterator[None]:
     original = launcher._monitor_processes
 
     def monitor(processes: dict) -> None:
-        seen["processes"] = processes
         original(processes)
         seen["first_failures"] = {r: p.returncode for r, p in processes.items()
                                   if p.poll() is not None and p.returncode != 0}
