@@ -1,0 +1,224 @@
+"""Training recipes against today's GPT-2 recipe on CPU: val loss for the same data, tokens per step and steps.
+
+Usage:
+    python bench/bench_recipe.py                       # every recipe below, 600 steps each (~25 min on 2 cores)
+    python bench/bench_recipe.py --only gpt2,modern    # some of them
+    python bench/bench_recipe.py --steps 300 --jobs 1  # shorter runs, one at a time
+
+Every recipe trains config/quickstart.py's model and batch (4 layers x 128, 4 x 128 tokens a step, its learning
+rates and schedule) on the quickstart's data (tiny Shakespeare cut into 40 parts, 4 held out for val) through
+pilegpt/train/plain_loop.py, the plain loop pinned to train.py's losses; each recipe changes one thing (or, for
+`modern`, applies config/modern.py after the quickstart preset). Runs are separate processes of one thread each,
+--jobs at a time, in an order that alternates between rounds. Columns: val loss (all val windows) at half and all
+steps, the step at which the GPT-2 recipe's final val loss is first reached (linear between evaluations), the
+median ms per training step (evaluations excluded), and the ratios of steps and wall time to that loss against
+GPT-2's. docs/performance.md has the table as measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import NamedTuple, Optional, Sequence
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from pilegpt.common import UserError, run_main  # noqa: E402
+
+QUICKSTART = REPO / "config" / "quickstart.py"
+SHAKESPEARE = REPO / "tests" / "fixtures" / "tinyshakespeare.txt"
+RECIPES = {  # name: train.py settings after config/quickstart.py
+    "gpt2": [],  # today's recipe: GPT-2's architecture, AdamW
+    "rope": ["--pos_emb=rope"],
+    "rmsnorm": ["--norm=rmsnorm"],
+    "relu2": ["--mlp=relu2"],
+    "swiglu": ["--mlp=swiglu"],
+    "qk_norm": ["--qk_norm=True"],
+    "gqa": ["--n_kv_head=2"],
+    "untied": ["--tie_embeddings=False"],
+    "softcap": ["--logit_softcap=15.0"],
+    "muon": ["--optimizer=muon"],
+    "modern": [str(REPO / "config" / "modern.py")],  # the preset: what this benchmark shows best
+}
+
+
+def make_data(folder: Path) -> Path:
+    """The quickstart's .bin data (scripts/quickstart.sh's steps 1): 40 parts, 10% of them for val."""
+    text = folder / "text"
+    text.mkdir(parents=True)
+    lines = SHAKESPEARE.read_text().splitlines(keepends=True)
+    for i in range(40):
+        (text / f"part-{i:02d}.txt").write_text("".join(lines[i * len(lines) // 40:(i + 1) * len(lines) // 40]))
+    out = folder / "tokens"
+    cmd = [sys.executable, str(REPO / "prepare_data.py"), "--input", str(text), "--val-fraction", "0.1",
+           "--out-dir", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise UserError(f"prepare_data.py failed: {done.stdout[-2000:]}{done.stderr[-2000:]}")
+    return out
+
+
+def val_windows(data_dir: Path, block_size: int):
+    """Every non-overlapping window of the val split, as (x, y) LongTensors (K, T)."""
+    import numpy as np
+    import torch
+
+    from pilegpt.data import Meta, read_windows, window_starts
+
+    meta = Meta.read(data_dir)
+    tokens = np.memmap(data_dir / meta.splits["val"].file, dtype=meta.dtype, mode="r")
+    x, y = read_windows(tokens, window_starts(len(tokens), block_size), block_size)
+    return torch.from_numpy(x.astype(np.int64)), torch.from_numpy(y.astype(np.int64))
+
+
+def val_loss(model, x, y, batch: int = 64) -> float:
+    """Mean cross-entropy over every val window."""
+    import torch
+
+    model.eval()
+    with torch.no_grad():
+        total = sum(model(x[i:i + batch], targets=y[i:i + batch])[1].item() * len(x[i:i + batch])
+                    for i in range(0, len(x), batch))
+    model.train()
+    return total / len(x)
+
+
+def one_run(name: str, data_dir: Path, steps: int, eval_every: int, out: Path) -> None:
+    """One recipe in this process: train, evaluate every eval_every steps, write the curve and the step times."""
+    from pilegpt.common import tune_glibc_malloc
+    from pilegpt.train import plain_loop
+    from pilegpt.train.config import config_values, make_config
+
+    cfg = make_config(config_values([str(QUICKSTART), *RECIPES[name], f"--data_dir={data_dir}",
+                                     f"--max_duration={steps}ba", "--device=cpu"]))
+    tune_glibc_malloc()
+    x, y = val_windows(data_dir, cfg.block_size)
+    model = plain_loop.build_model(cfg)
+    curve, step_s, t = [], [], time.perf_counter()
+    for batch, _, _ in plain_loop.train(cfg, model):
+        step_s.append(time.perf_counter() - t)
+        if batch % eval_every == 0 or batch == steps:
+            curve.append((batch, val_loss(model, x, y)))
+        t = time.perf_counter()
+    out.write_text(json.dumps({"name": name, "curve": curve, "step_s": statistics.median(step_s[5:])}))
+
+
+class Result(NamedTuple):
+    curve: list  # (step, val loss) at every evaluation
+    step_s: float  # median seconds per training step
+
+    def at(self, step: int) -> float:
+        return min(self.curve, key=lambda point: abs(point[0] - step))[1]
+
+    def reaches(self, loss: float) -> Optional[float]:
+        """The step at which val loss first reaches `loss`, linear between evaluations; None if never."""
+        previous = (0, float("inf"))
+        for step, value in self.curve:
+            if value <= loss:
+                if previous[1] == float("inf"):
+                    return float(step)
+                return previous[0] + (step - previous[0]) * (previous[1] - loss) / (previous[1] - value)
+            previous = (step, value)
+        return None
+
+
+def run_all(names: list[str], data_dir: Path, work: Path, args) -> dict[str, list[Result]]:
+    """Every recipe, --rounds times, --jobs processes at a time, the order reversed every other round."""
+    threads = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    jobs = [(r, name) for r in range(args.rounds) for name in (names if r % 2 == 0 else names[::-1])]
+
+    def launch(job) -> tuple[str, Result]:
+        r, name = job
+        out = work / f"{name}-{r}.json"
+        cmd = [sys.executable, __file__, "--one", name, "--data-dir", str(data_dir), "--steps", str(args.steps),
+               "--eval-every", str(args.eval_every), "--out", str(out)]
+        done = subprocess.run(cmd, env=threads, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise UserError(f"recipe {name} failed: {(done.stdout + done.stderr)[-3000:]}")
+        record = json.loads(out.read_text())
+        result = Result([tuple(p) for p in record["curve"]], record["step_s"])
+        print(f"round {r + 1}: {name:<8} val {result.curve[-1][1]:.4f} at step {args.steps}, "
+              f"{1000 * result.step_s:.1f} ms/step", flush=True)
+        return name, result
+
+    results: dict[str, list[Result]] = {name: [] for name in names}
+    with ThreadPoolExecutor(args.jobs) as pool:
+        for name, result in pool.map(launch, jobs):
+            results[name].append(result)
+    return results
+
+
+def median_result(results: list[Result]) -> Result:
+    """Rounds merged: the median val loss at each evaluation and the median step time."""
+    steps = [step for step, _ in results[0].curve]
+    curve = [(s, statistics.median(r.curve[i][1] for r in results)) for i, s in enumerate(steps)]
+    return Result(curve, statistics.median(r.step_s for r in results))
+
+
+def table(results: dict[str, Result], steps: int) -> str:
+    """The markdown table, every recipe against the GPT-2 recipe's final val loss."""
+    base = results["gpt2"]
+    target = base.curve[-1][1]
+    base_steps = base.reaches(target)
+    lines = [f"| recipe | val @{steps // 2} | val @{steps} | step to {target:.4f} | x steps | ms/step | x time |",
+             "|---|---|---|---|---|---|---|"]
+    for name, r in results.items():
+        reached = r.reaches(target)
+        step_text = f"{reached:.0f}" if reached is not None else "not reached"
+        ratio = f"{reached / base_steps:.2f}" if reached is not None else "-"
+        time_ratio = f"{reached * r.step_s / (base_steps * base.step_s):.2f}" if reached is not None else "-"
+        lines.append(f"| {name} | {r.at(steps // 2):.4f} | {r.at(steps):.4f} | {step_text} | {ratio} | "
+                     f"{1000 * r.step_s:.1f} | {time_ratio} |")
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", help=f"comma-separated recipes (default: all of {', '.join(RECIPES)})")
+    parser.add_argument("--steps", type=int, default=600, help="training steps per run (the quickstart's 600)")
+    parser.add_argument("--eval-every", type=int, default=25, help="steps between val evaluations")
+    parser.add_argument("--rounds", type=int, default=1, help="runs per recipe (their median is reported)")
+    parser.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each")
+    parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each run")
+    parser.add_argument("--data-dir", type=Path, help="a prepare_data.py folder (default: the quickstart's data)")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # one run, started by run_all
+    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.one:
+        one_run(args.one, args.data_dir, args.steps, args.eval_every, args.out)
+        return 0
+    names = args.only.split(",") if args.only else list(RECIPES)
+    unknown = [n for n in names if n not in RECIPES]
+    if unknown or "gpt2" not in names:
+        raise UserError(f"--only: {', '.join(unknown) or 'gpt2 is missing'}: choose among {', '.join(RECIPES)} "
+                        "(gpt2, the baseline, always)")
+    if args.steps < 2 * args.eval_every:
+        raise UserError(f"--steps {args.steps} needs at least two evaluations: raise it or lower --eval-every")
+    start = time.time()
+    with tempfile.TemporaryDirectory(prefix="bench_recipe_") as tmp:
+        data_dir = args.data_dir or make_data(Path(tmp) / "data")
+        work = Path(tmp) / "runs"
+        work.mkdir()
+        results = {name: median_result(rs) for name, rs in run_all(names, data_dir, work, args).items()}
+    print(f"\n{args.steps} steps of 4 x 128 tokens, config/quickstart.py's model, {os.cpu_count()} CPU cores, "
+          f"{args.jobs} run(s) at a time, {args.threads} thread(s) each, median of {args.rounds} round(s), "
+          f"{time.time() - start:.0f} s in all:\n")
+    print(table(results, args.steps))
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)
