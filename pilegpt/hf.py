@@ -34,10 +34,12 @@ LLAMA_LAYER = {"ln_1.weight": ("input_layernorm.weight",),
                "mlp.c_proj.weight": ("mlp.down_proj.weight",)}
 # What each family of Hugging Face classes needs of a GPT, by its pos_emb (any bias and tie for GPT-2; any n_kv_head
 # and tie for Llama, and qk_norm makes it a Qwen3)
-HF_NEEDS = {"learned": ("GPT2LMHeadModel", dict(norm="layernorm", mlp="gelu", n_kv_head=None, qk_norm=False,
-                                                logit_softcap=0.0)),
-            "rope": ("LlamaForCausalLM / Qwen3ForCausalLM", dict(norm="rmsnorm", mlp="swiglu", bias=False,
-                                                                 logit_softcap=0.0))}
+HF_NEEDS = {
+    "learned": ("GPT2LMHeadModel needs", dict(norm="layernorm", mlp="gelu", n_kv_head=None, qk_norm=False,
+                                              logit_softcap=0.0)),
+    "rope": ("LlamaForCausalLM / Qwen3ForCausalLM need", dict(norm="rmsnorm", mlp="swiglu", bias=False,
+                                                               logit_softcap=0.0)),
+}
 QK_NORM_LAYER = {"attn.q_norm.weight": ("self_attn.q_norm.weight",), "attn.k_norm.weight": ("self_attn.k_norm.weight",)}
 
 
@@ -55,7 +57,7 @@ def hf_model_type(cfg: GPTConfig) -> str:
     wrong = [f"{name}={have[name]!r}" for name, value in needs.items() if have[name] != value]
     if wrong:
         raise UserError(f"no Hugging Face class computes this model (pos_emb={cfg.pos_emb!r} with {', '.join(wrong)}): "
-                        f"{classes} need {', '.join(f'{k}={v!r}' for k, v in needs.items())}; the model stays usable "
+                        f"{classes} {', '.join(f'{k}={v!r}' for k, v in needs.items())}; the model stays usable "
                         "with sample.py and eval.py")
     return "gpt2" if cfg.pos_emb == "learned" else "qwen3" if cfg.qk_norm else "llama"
 
