@@ -395,8 +395,10 @@ def make_config(values: dict[str, Any], source=None) -> TrainConfig:
     settings not given take the source's values, and those given must agree with them, except dropout (free) and
     block_size, which may be smaller (train.py then crops the position table)."""
     if source is not None:
+        kv_heads = lambda n: source.n_head if n is None else n  # n_kv_head None and = n_head are one model
         errors = [f"{k}={values[k]!r} but it has {k}={getattr(source, k)!r}" for k in MODEL_SHAPE
-                  if k in values and values[k] != getattr(source, k)]
+                  if k in values and values[k] != getattr(source, k)
+                  and not (k == "n_kv_head" and kv_heads(values[k]) == kv_heads(source.n_kv_head))]
         block_size = values.get("block_size", source.block_size)
         if block_size > source.block_size:
             errors.append(f"block_size={block_size} but it has block_size={source.block_size} (a smaller block_size "

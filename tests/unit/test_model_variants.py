@@ -217,3 +217,14 @@ def test_a_bad_architecture_setting_is_one_config_error():
     with pytest.raises(UserError, match=r"^bad config: n_kv_head must be None or a positive divisor of n_head") as e:
         make_config(dict(data_dir="d", **TINY, n_kv_head=3))
     assert "\n" not in str(e.value)
+
+
+def test_init_from_fixes_the_architecture_and_n_kv_head_none_equals_n_head():
+    from pilegpt.common import UserError
+    from pilegpt.train.config import make_config
+
+    source = GPTConfig(**TINY, **LLAMA)
+    cfg = make_config(dict(data_dir="d", init_from="src", n_kv_head=4), source=source)  # 4 = n_head: agrees
+    assert cfg.model_config().pos_emb == "rope" and cfg.mlp == "swiglu"  # the rest comes from the source
+    with pytest.raises(UserError, match=r"the config contradicts init_from=src: mlp='relu2' but it has mlp='swiglu'"):
+        make_config(dict(data_dir="d", init_from="src", mlp="relu2"), source=source)
