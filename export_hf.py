@@ -1,5 +1,6 @@
-"""Export a trained GPT as a Hugging Face GPT-2 folder (config.json, model.safetensors, GPT-2's tokenizer files)
-that transformers, lm-evaluation-harness and the hub read, offline. SRC is what sample.py takes; the folder is
+"""Export a trained GPT as a Hugging Face folder (config.json, model.safetensors, GPT-2's tokenizer files) that
+transformers, lm-evaluation-harness and the hub read, offline: GPT2LMHeadModel for GPT-2, LlamaForCausalLM or
+Qwen3ForCausalLM for the RoPE + RMSNorm + SwiGLU variants. SRC is what sample.py takes; the folder is
 written beside OUT_DIR and renamed into place, and never inside SRC's run folder. Details: docs/huggingface.md.
 
 Usage:
@@ -20,9 +21,9 @@ from pathlib import Path
 from typing import Callable
 
 from pilegpt import storage
-from pilegpt.checkpoint import add_load_arguments, existing_checkpoints, load_model
+from pilegpt.checkpoint import add_load_arguments, existing_checkpoints, load_model, unwrap
 from pilegpt.common import UserError, check_writable_folder, load_dotenv_file, run_main
-from pilegpt.hf import to_hf
+from pilegpt.hf import HF_CLASSES, hf_model_type, to_hf
 from pilegpt.tokenizer import EOT, EOT_ID, GPT2_VOCAB_SIZE, gpt2
 
 
@@ -170,7 +171,7 @@ def write_folder_atomically(out_dir: Path, overwrite: bool, fill: Callable[[Path
 
 
 def export(model, out_dir: str | os.PathLike, overwrite: bool = False) -> None:
-    """Write `model` (our GPT) to out_dir as a Hugging Face GPT-2 folder with its tokenizer."""
+    """Write `model` (our GPT) to out_dir as a Hugging Face folder (hf.to_hf's class) with GPT-2's tokenizer."""
     from transformers import GenerationConfig
 
     hf_model = to_hf(model)
@@ -178,7 +179,7 @@ def export(model, out_dir: str | os.PathLike, overwrite: bool = False) -> None:
 
     def fill(folder: Path) -> None:
         hf_model.save_pretrained(str(folder), safe_serialization=True)
-        write_tokenizer(folder, model_max_length=hf_model.config.n_positions)
+        write_tokenizer(folder, model_max_length=unwrap(model).config.block_size)
         for path in folder.iterdir():  # safetensors writes its file private; the export is an ordinary folder
             path.chmod(0o666 & ~umask())
 
@@ -195,9 +196,9 @@ def main(argv=None) -> int:
     model = load_model(args.src, n_head=args.n_head, endpoint_url=args.endpoint_url)
     export(model, out_dir, overwrite=args.overwrite)
     cfg = model.config
-    print(f"exported {args.src} ({model.num_params() / 1e6:.2f}M parameters: {cfg.n_layer} layers, {cfg.n_head} heads, "
-          f"{cfg.n_embd} wide, block_size {cfg.block_size}) to {out_dir}: AutoModelForCausalLM.from_pretrained"
-          f"({str(out_dir)!r}) loads it")
+    print(f"exported {args.src} as {HF_CLASSES[hf_model_type(cfg)]} ({model.num_params() / 1e6:.2f}M parameters: "
+          f"{cfg.n_layer} layers, {cfg.n_head} heads, {cfg.n_embd} wide, block_size {cfg.block_size}) to {out_dir}: "
+          f"AutoModelForCausalLM.from_pretrained({str(out_dir)!r}) loads it")
     return 0
 
 

@@ -1,8 +1,10 @@
-"""GPT-2 in plain PyTorch: the model that train.py trains and sample.py samples from.
+"""GPT in plain PyTorch: the model that train.py trains and sample.py samples from; GPT-2 by default.
 
-Importable alone (no Composer). The architecture and parameter names are GPT-2's, so a state dict maps
+Importable alone (no Composer). The default architecture and parameter names are GPT-2's, so a state dict maps
 one to one onto OpenAI's GPT-2 weights (transformer.wte, transformer.wpe, transformer.h.N.ln_1,
-.attn.c_attn, .attn.c_proj, .ln_2, .mlp.c_fc, .mlp.c_proj, transformer.ln_f, lm_head).
+.attn.c_attn, .attn.c_proj, .ln_2, .mlp.c_fc, .mlp.c_proj, transformer.ln_f, lm_head). GPTConfig's
+architecture fields switch in RoPE, RMSNorm, ReLU² or SwiGLU, grouped-query attention, QK-norm, an untied
+head and a logit softcap (docs/training.md#architecture).
 
     from model import GPT, GPTConfig
     model = GPT(GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=256))
@@ -16,10 +18,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
+
+RMS_NORM_EPS = 1e-5  # RMSNorm's eps (nn.LayerNorm's default too); export_hf.py writes it into the HF config
+POS_EMBS, NORMS, MLPS = ("learned", "rope"), ("layernorm", "rmsnorm"), ("gelu", "relu2", "swiglu")
 
 
 @dataclass
@@ -31,6 +37,14 @@ class GPTConfig:
     n_embd: int = 768  # width of the residual stream (C)
     dropout: float = 0.0  # dropout probability in training; 0.0 for pretraining, 0.1+ for finetuning
     bias: bool = True  # biases in Linear and LayerNorm layers, like GPT-2; False is a bit faster
+    pos_emb: str = "learned"  # "learned" (GPT-2's wpe table) or "rope" (rotary, no position parameters)
+    rope_theta: float = 10000.0  # RoPE's base: pair i of a head turns by pos * rope_theta^(-2i/head_size)
+    norm: str = "layernorm"  # "layernorm" (GPT-2) or "rmsnorm" (no mean subtraction, no bias)
+    mlp: str = "gelu"  # "gelu" (GPT-2, 4*n_embd), "relu2" (ReLU², 4*n_embd) or "swiglu" (swiglu_hidden(n_embd))
+    n_kv_head: Optional[int] = None  # key/value heads; None = n_head, fewer = grouped-query attention
+    qk_norm: bool = False  # normalize each head's q and k (with `norm`'s kind) before RoPE and attention
+    tie_embeddings: bool = True  # one matrix for wte and lm_head, like GPT-2; False gives lm_head its own
+    logit_softcap: float = 0.0  # logits = softcap * tanh(logits / softcap); 0 = off
 
     def __post_init__(self):
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
@@ -43,57 +57,160 @@ class GPTConfig:
         dropout_ok = isinstance(self.dropout, (int, float)) and not isinstance(self.dropout, bool)
         if not (dropout_ok and 0.0 <= self.dropout < 1.0):
             raise ValueError(f"GPTConfig.dropout must be a number in [0, 1), got {self.dropout!r}")
-        if not isinstance(self.bias, bool):
-            raise ValueError(f"GPTConfig.bias must be True or False, got {self.bias!r}")
+        for name in ("bias", "qk_norm", "tie_embeddings"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"GPTConfig.{name} must be True or False, got {getattr(self, name)!r}")
+        self._check_architecture()
+
+    def _check_architecture(self) -> None:
+        """The architecture fields: known names, and combinations that can be built."""
+        for name, allowed in (("pos_emb", POS_EMBS), ("norm", NORMS), ("mlp", MLPS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"GPTConfig.{name} must be one of {', '.join(map(repr, allowed))}, "
+                                 f"got {getattr(self, name)!r}")
+        kv = self.n_kv_head
+        if kv is not None and (isinstance(kv, bool) or not isinstance(kv, int) or kv < 1 or self.n_head % kv):
+            raise ValueError(f"GPTConfig.n_kv_head must be None or a positive divisor of n_head ({self.n_head}), "
+                             f"got {kv!r}")
+        if self.pos_emb == "rope" and self.head_size % 2:
+            raise ValueError(f"GPTConfig: RoPE turns pairs of channels, so the head size n_embd/n_head "
+                             f"({self.head_size}) must be even; change n_embd or n_head")
+        if not (isinstance(self.rope_theta, (int, float)) and not isinstance(self.rope_theta, bool)
+                and self.rope_theta > 0):
+            raise ValueError(f"GPTConfig.rope_theta must be a number > 0, got {self.rope_theta!r}")
+        cap = self.logit_softcap
+        if not (isinstance(cap, (int, float)) and not isinstance(cap, bool) and cap >= 0):
+            raise ValueError(f"GPTConfig.logit_softcap must be a number >= 0 (0 = off), got {cap!r}")
+
+    @property
+    def head_size(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_head if self.n_kv_head is None else self.n_kv_head
+
+    @property
+    def mlp_hidden(self) -> int:
+        return swiglu_hidden(self.n_embd) if self.mlp == "swiglu" else 4 * self.n_embd
+
+
+def swiglu_hidden(n_embd: int, multiple_of: int = 256) -> int:
+    """SwiGLU's hidden width as Llama chooses it: 2/3 of 4*n_embd (its three matrices then hold about the
+    parameters of GELU's two at 4*n_embd), rounded up to a multiple of 256."""
+    hidden = int(2 * 4 * n_embd / 3)
+    return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The parts that GPTConfig switches
+
+class RMSNorm(nn.Module):
+    """y = x / sqrt(mean(x²) + eps) * weight, over the last dimension (no mean subtraction, no bias)."""
+
+    def __init__(self, dim: int, eps: float = RMS_NORM_EPS):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.size(-1),), self.weight, self.eps)
+
+
+def make_norm(config: GPTConfig, dim: int) -> nn.Module:
+    return RMSNorm(dim) if config.norm == "rmsnorm" else nn.LayerNorm(dim, bias=config.bias)
+
+
+def rope_tables(head_size: int, length: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin (length, head_size/2) of RoPE's angles pos * theta^(-2i/head_size), in fp32."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_size, 2, dtype=torch.float32) / head_size)
+    angles = torch.outer(torch.arange(length, dtype=torch.float32), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x (B, T, nh, hs) by position: channel i and i + hs/2 form a pair (a, b) that turns by angle θ,
+    (a, b) -> (a cos θ - b sin θ, b cos θ + a sin θ): Llama's (and Hugging Face's) layout of the pairs."""
+    a, b = x.float().chunk(2, dim=-1)
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]  # (1, T, 1, hs/2) against (B, T, nh, hs/2)
+    return torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1).type_as(x)
 
 
 class CausalSelfAttention(nn.Module):
+    """Causal multi-head attention; with n_kv_head < n_head, groups of n_head/n_kv_head query heads share one
+    key/value head (grouped-query attention)."""
+
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.n_head = config.n_head
+        self.n_head, self.n_kv_head, self.head_size = config.n_head, config.kv_heads, config.head_size
         self.dropout = config.dropout
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # q, k, v in one matmul
+        kv_dim = self.n_kv_head * self.head_size
+        # q (n_embd), k and v (n_kv_head * head_size each) in one matmul
+        self.c_attn = nn.Linear(config.n_embd, config.n_embd + 2 * kv_dim, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
+        if config.qk_norm:
+            self.q_norm, self.k_norm = make_norm(config, self.head_size), make_norm(config, self.head_size)
+        self.qk_norm = config.qk_norm
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
         B, T, C = x.size()
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        # (B, T, C) -> (B, nh, T, hs): heads become a batch dimension
-        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        kv_dim = self.n_kv_head * self.head_size
+        q, k, v = self.c_attn(x).split([C, kv_dim, kv_dim], dim=2)
+        q = q.view(B, T, self.n_head, self.head_size)  # (B, T, nh, hs)
+        k = k.view(B, T, self.n_kv_head, self.head_size)
+        v = v.view(B, T, self.n_kv_head, self.head_size)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        # (B, T, nh, hs) -> (B, nh, T, hs): heads become a batch dimension
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         # Causal mask inside the kernel: flash / memory-efficient attention on GPU, no (T, T) mask tensor.
+        # enable_gqa: key/value head j serves query heads j*g .. j*g+g-1 (g = n_head / n_kv_head).
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0,
-                                           is_causal=True)
+                                           is_causal=True, enable_gqa=self.n_kv_head != self.n_head)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble heads side by side
         return self.resid_dropout(self.c_proj(y))
 
 
 class MLP(nn.Module):
+    """gelu: c_proj(gelu(c_fc(x))); relu2: c_proj(relu(c_fc(x))²); swiglu: c_proj(silu(gate) * up) where
+    c_fc holds gate and up in one matmul (gate the first mlp_hidden rows, up the next)."""
+
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.gelu = nn.GELU(approximate="tanh")  # GPT-2's tanh approximation, so GPT-2 weights give GPT-2 outputs
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.kind, hidden = config.mlp, config.mlp_hidden
+        self.c_fc = nn.Linear(config.n_embd, (2 if self.kind == "swiglu" else 1) * hidden, bias=config.bias)
+        if self.kind == "gelu":
+            self.gelu = nn.GELU(approximate="tanh")  # GPT-2's tanh approximation: GPT-2 weights give GPT-2 outputs
+        self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+        h = self.c_fc(x)
+        if self.kind == "gelu":
+            h = self.gelu(h)
+        elif self.kind == "relu2":
+            h = F.relu(h).square()
+        else:
+            gate, up = h.chunk(2, dim=-1)
+            h = F.silu(gate) * up
+        return self.dropout(self.c_proj(h))
 
 
 class Block(nn.Module):
-    """Pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+    """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
 
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_1 = make_norm(config, config.n_embd)
         self.attn = CausalSelfAttention(config)
-        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_2 = make_norm(config, config.n_embd)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: torch.Tensor, rope: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), rope)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -103,16 +220,22 @@ class GPT(nn.Module):
         if not isinstance(config, GPTConfig):
             raise TypeError(f"GPT needs a GPTConfig, got {type(config).__name__}")
         self.config = config
+        parts = dict(wte=nn.Embedding(config.vocab_size, config.n_embd))  # token embeddings
+        if config.pos_emb == "learned":
+            parts["wpe"] = nn.Embedding(config.block_size, config.n_embd)  # learned position embeddings
         self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(config.vocab_size, config.n_embd),  # token embeddings, shared with lm_head
-            wpe=nn.Embedding(config.block_size, config.n_embd),  # learned position embeddings
+            **parts,
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
-            ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+            ln_f=make_norm(config, config.n_embd),
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        # Weight tying (as in GPT-2): one (V, C) matrix embeds tokens and scores the next one.
-        self.transformer.wte.weight = self.lm_head.weight
+        if config.tie_embeddings:  # (as in GPT-2): one (V, C) matrix embeds tokens and scores the next one
+            self.transformer.wte.weight = self.lm_head.weight
+        if config.pos_emb == "rope":  # computed, not learned: not in the state dict
+            cos, sin = rope_tables(config.head_size, config.block_size, config.rope_theta)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
         self.apply(self._init_weights)
         # GPT-2 init: each residual branch's output projection gets std 0.02/sqrt(2*n_layer), so the
         # variance added to the residual stream by its 2*n_layer branches does not grow with depth.
@@ -140,17 +263,26 @@ class GPT(nn.Module):
         B, T = idx.size()
         if T > self.config.block_size:
             raise ValueError(f"sequence of length {T} is longer than block_size {self.config.block_size}")
-        pos = torch.arange(0, T, dtype=torch.long, device=idx.device)  # (T,)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, C)
+        x, rope = self.transformer.wte(idx), None  # (B, T, C)
+        if self.config.pos_emb == "learned":
+            x = x + self.transformer.wpe(torch.arange(0, T, dtype=torch.long, device=idx.device))
+        else:
+            rope = (self.rope_cos[:T], self.rope_sin[:T])  # (T, hs/2) each
+        x = self.transformer.drop(x)
         for block in self.transformer.h:
-            x = block(x)
+            x = block(x, rope)
         x = self.transformer.ln_f(x)
         if targets is not None:
-            logits = self.lm_head(x)  # (B, T, V)
+            logits = self.softcap(self.lm_head(x))  # (B, T, V)
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
             return logits, loss
-        logits = self.lm_head(x[:, [-1], :])  # (B, 1, V); the list index keeps the time dimension
+        logits = self.softcap(self.lm_head(x[:, [-1], :]))  # (B, 1, V); the list index keeps the time dimension
         return logits, None
+
+    def softcap(self, logits: torch.Tensor) -> torch.Tensor:
+        """softcap * tanh(logits / softcap): logits kept smoothly inside (-softcap, softcap); 0 = unchanged."""
+        cap = self.config.logit_softcap
+        return cap * torch.tanh(logits / cap) if cap else logits
 
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
@@ -172,23 +304,27 @@ class GPT(nn.Module):
         return idx
 
     def num_params(self, non_embedding: bool = False) -> int:
-        """Number of parameters, the tied wte/lm_head matrix counted once.
+        """Number of parameters, a tied wte/lm_head matrix counted once.
 
-        non_embedding=True leaves out the position embeddings (wpe), as nanoGPT and the scaling-law papers
-        count; the token embeddings stay in because, tied to lm_head, they do a real matmul per token.
+        non_embedding=True leaves out the lookup tables: the position embeddings (wpe), as nanoGPT and the
+        scaling-law papers count, and wte when it is untied. A tied wte stays in: as lm_head it does a real
+        matmul per token; an untied lm_head is counted as the matmul it is.
         """
         n = sum(p.numel() for p in self.parameters())  # parameters() yields a shared tensor once
         if non_embedding:
-            n -= self.transformer.wpe.weight.numel()
+            if "wpe" in self.transformer:
+                n -= self.transformer.wpe.weight.numel()
+            if not self.config.tie_embeddings:
+                n -= self.transformer.wte.weight.numel()
         return n
 
     def flops_per_token(self) -> int:
         """Training FLOPs (forward + backward) per token: 6*N + 12*L*H*Q*T.
 
-        N = non-embedding parameters (each does a multiply-add forward, twice that backward: 6 FLOPs);
-        the second term is attention's QK^T and AV matmuls over a full block of T = block_size tokens
-        with L layers, H heads of size Q (PaLM paper, appendix B; nanoGPT's estimate_mfu). Multiply by
-        tokens per second and divide by the hardware peak for MFU.
+        N = non-embedding parameters (each does a multiply-add forward, twice that backward: 6 FLOPs); it
+        holds the MLP's real width and GQA's smaller k/v projections. The second term is attention's QK^T and
+        AV matmuls over a full block of T = block_size tokens with L layers, H query heads of size Q (PaLM
+        paper, appendix B; nanoGPT's estimate_mfu). Multiply by tokens per second, divide by the peak: MFU.
         """
         cfg = self.config
         L, H, Q, T = cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head, cfg.block_size
@@ -207,11 +343,15 @@ class GPT(nn.Module):
         return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
     def crop_block_size(self, block_size: int) -> None:
-        """Shrink the context length (e.g. to finetune a 1024-context model at 256): cuts wpe's table."""
+        """Shrink the context length (e.g. to finetune a 1024-context model at 256): cuts wpe's table (RoPE has
+        no table to cut, only its angle buffers)."""
         if not 1 <= block_size <= self.config.block_size:
             raise ValueError(f"block_size must be in [1, {self.config.block_size}], got {block_size}")
         self.config.block_size = block_size
-        self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size].detach().clone())
+        if "wpe" in self.transformer:
+            self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size].detach().clone())
+        else:
+            self.rope_cos, self.rope_sin = self.rope_cos[:block_size], self.rope_sin[:block_size]
 
 
 def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None) -> torch.Tensor:

@@ -159,10 +159,14 @@ def gpt_state_from_composer(model_state: dict, source: str) -> tuple[dict, Optio
 
 
 def infer_model_args(state: dict, n_head: Optional[int], source: str) -> dict:
-    """GPTConfig fields from the weights' shapes; only n_head cannot be seen in them."""
+    """GPTConfig fields from the weights' shapes, for a checkpoint older than the model_args it stores: a GPT-2
+    (learned positions), whose n_head alone cannot be seen in them."""
     if n_head is None:
         raise UserError(f"{source} does not store its model_args (train.py's ComposerGPT saves them as its extra "
                         f"state): pass --n-head N, or sample from the run's {EXPORT_NAME}")
+    if "transformer.wpe.weight" not in state:
+        raise UserError(f"{source} does not store its model_args and has no position table, so it is no GPT-2 "
+                        f"whose shape its weights give: sample from the run's {EXPORT_NAME}")
     vocab_size, n_embd = state["transformer.wte.weight"].shape
     layers = {int(m.group(1)) for k in state if (m := re.match(r"transformer\.h\.(\d+)\.", k))}
     return dict(block_size=state["transformer.wpe.weight"].shape[0], vocab_size=vocab_size,

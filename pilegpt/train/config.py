@@ -22,7 +22,9 @@ from typing import Any, Optional, Sequence, Union
 from pilegpt import storage
 from pilegpt.common import UserError
 
-SHAPE_FIELDS = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "bias")  # GPTConfig's, but dropout
+# GPTConfig's fields, but dropout: a run's checkpoints hold this model
+ARCH_FIELDS = ("pos_emb", "rope_theta", "norm", "mlp", "n_kv_head", "qk_norm", "tie_embeddings", "logit_softcap")
+SHAPE_FIELDS = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "bias", *ARCH_FIELDS)
 
 
 @dataclass
@@ -35,6 +37,14 @@ class TrainConfig:
     vocab_size: int = 50257  # GPT-2 BPE; 50304 (a multiple of 64) runs faster on GPU
     dropout: float = 0.0  # 0.0 for pretraining
     bias: bool = True  # biases in Linear and LayerNorm, like GPT-2
+    pos_emb: str = "learned"  # positions: "learned" (GPT-2's table) or "rope" (rotary, no parameters)
+    rope_theta: float = 10000.0  # RoPE's base (pos_emb="rope")
+    norm: str = "layernorm"  # "layernorm" (GPT-2) or "rmsnorm"
+    mlp: str = "gelu"  # "gelu" (GPT-2), "relu2" (ReLU squared) or "swiglu" (Llama's, hidden 8/3 n_embd up to 256s)
+    n_kv_head: Optional[int] = None  # key/value heads; None = n_head, fewer (dividing n_head) = grouped-query
+    qk_norm: bool = False  # normalize each head's q and k (norm's kind) before attention
+    tie_embeddings: bool = True  # one matrix for token embeddings and output head, like GPT-2
+    logit_softcap: float = 0.0  # logits = softcap * tanh(logits / softcap); 0 = off
     init_from: str = "scratch"  # weights: scratch, gpt2(-medium/-large/-xl), a HF GPT-2 folder, a pile-gpt checkpoint
     # data
     data_dir: Optional[str] = None  # local folder: prepare_data's train.bin/val.bin, or MDS train/ and val/
@@ -371,7 +381,8 @@ def read_config_file(path: str, _seen: tuple[str, ...] = ()) -> dict[str, Any]:
     return {**read_config_file(base_path, seen), **values}
 
 
-MODEL_SHAPE = ("n_layer", "n_head", "n_embd", "vocab_size", "bias")  # what init_from's weights fix
+# what init_from's model fixes: its shape, and the function its weights were trained to compute
+MODEL_SHAPE = ("n_layer", "n_head", "n_embd", "vocab_size", "bias", *ARCH_FIELDS)
 
 
 def load_config(argv: Sequence[str]) -> TrainConfig:
@@ -384,8 +395,10 @@ def make_config(values: dict[str, Any], source=None) -> TrainConfig:
     settings not given take the source's values, and those given must agree with them, except dropout (free) and
     block_size, which may be smaller (train.py then crops the position table)."""
     if source is not None:
+        kv_heads = lambda n: source.n_head if n is None else n  # n_kv_head None and = n_head are one model
         errors = [f"{k}={values[k]!r} but it has {k}={getattr(source, k)!r}" for k in MODEL_SHAPE
-                  if k in values and values[k] != getattr(source, k)]
+                  if k in values and values[k] != getattr(source, k)
+                  and not (k == "n_kv_head" and kv_heads(values[k]) == kv_heads(source.n_kv_head))]
         block_size = values.get("block_size", source.block_size)
         if block_size > source.block_size:
             errors.append(f"block_size={block_size} but it has block_size={source.block_size} (a smaller block_size "
