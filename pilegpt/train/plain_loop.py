@@ -32,12 +32,17 @@ def learning_rate(cfg: TrainConfig, it: int, max_batches: int, warmup: int) -> f
     return cfg.min_lr + (cfg.learning_rate - cfg.min_lr) * decay
 
 
-def train(cfg: TrainConfig) -> Iterator[tuple[int, int, float]]:
-    """Train cfg's model in one process on the CPU for max_duration batches; yields (batch, tokens so far, loss)
-    after each optimizer step. One forward and backward pass per batch: Composer's microbatches (when
-    device_train_microbatch_size is smaller) add up to the same gradient."""
-    torch.manual_seed(cfg.seed)  # as train.py's reproducibility.seed_all: the same initial weights
-    model = GPT(cfg.model_config())
+def build_model(cfg: TrainConfig) -> GPT:
+    """cfg's model with train.py's initial weights (its reproducibility.seed_all seeds torch the same way)."""
+    torch.manual_seed(cfg.seed)
+    return GPT(cfg.model_config())
+
+
+def train(cfg: TrainConfig, model: GPT | None = None) -> Iterator[tuple[int, int, float]]:
+    """Train cfg's model (build_model's, or `model` as it comes) in one process on the CPU for max_duration batches;
+    yields (batch, tokens so far, loss) after each optimizer step. One forward and backward pass per batch:
+    Composer's microbatches (when device_train_microbatch_size is smaller) add up to the same gradient."""
+    model = build_model(cfg) if model is None else model
     # weight decay on the 2-D weights only (matmuls, embeddings), not on biases and LayerNorm gains
     optimizer = torch.optim.AdamW(model.optim_groups(cfg.weight_decay), lr=cfg.learning_rate,
                                   betas=(cfg.beta1, cfg.beta2))
