@@ -189,3 +189,17 @@ def test_sample_py_without_model_class_on_a_custom_export_is_one_line(toy, tmp_p
     error = main_error(sample.main, ["--checkpoint", tmp_path, "--device", "cpu"], capsys)
     assert error == (f"error: {tmp_path / 'model.pt'} holds your own model toy:TinyLM: pass --model-class toy:TinyLM "
                      "to rebuild it (a class named in a file is never imported)")
+
+
+def test_export_hf_and_init_from_refuse_a_custom_model_in_one_line(toy, tmp_path, capsys):
+    import export_hf
+    from pilegpt.hf import load_pretrained
+
+    (tmp_path / "run").mkdir()
+    save_export(TinyLM(), tmp_path / "run" / "model.pt", ModelSpec("toy:TinyLM", {}))
+    error = main_error(export_hf.main, [tmp_path / "run", tmp_path / "hf"], capsys)
+    assert error == (f"error: {tmp_path / 'run' / 'model.pt'} holds your own model toy:TinyLM: export_hf.py writes "
+                     "Hugging Face GPT-2 from model.py's GPT only")
+    with pytest.raises(UserError, match="holds your own model toy:TinyLM: init_from loads weights into model.py's "
+                                        "GPT; your own model trains from scratch"):
+        load_pretrained(str(tmp_path / "run"))
