@@ -7,6 +7,7 @@ Usage:
     python eval.py runs/pile --task hellaswag                 # the official val set, downloaded once (10,042)
     python eval.py s3://bucket/runs/pile/model.pt --task hellaswag --limit 1000 --out results.json
     python eval.py gpt2 --task hellaswag                      # OpenAI's GPT-2 124M (from the Hugging Face hub)
+    python eval.py runs/my_model --task hellaswag --model-class examples.my_model:MyGPT   # your own model
     composer -n 8 eval.py runs/pile --task hellaswag          # 8 processes (GPUs) split the examples"""
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import time
 import torch
 
 from pilegpt import hellaswag
+from pilegpt.checkpoint import add_model_class_argument
 from pilegpt.common import UserError, atomic_write_text, check_writable_folder, load_dotenv_file, pick_device, run_main
 from pilegpt.hf import load_pretrained
 from pilegpt.tokenizer import gpt2
@@ -40,6 +42,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", help="write the results and every prediction to this JSON file")
     p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda when available)")
     p.add_argument("--endpoint-url", default=None, help="S3-compatible endpoint for an s3:// SRC")
+    add_model_class_argument(p)
     args = p.parse_args(argv)
     if args.limit is not None and args.limit < 1:
         raise UserError(f"--limit must be >= 1, got {args.limit}")
@@ -72,7 +75,7 @@ def main(argv=None) -> int:
             hellaswag.download(args.url)  # once, before the other processes read it from the cache
         dist.barrier()
     examples = hellaswag.load_examples(args.data, args.url, args.limit)
-    model, origin = load_pretrained(args.src, endpoint_url=args.endpoint_url, what="SRC")
+    model, origin = load_pretrained(args.src, endpoint_url=args.endpoint_url, what="SRC", model_class=args.model_class)
     model = model.to(device).eval()
     autocast = torch.bfloat16 if device.type == "cuda" else None
     mine = examples[rank::world]  # every world-th example: the processes split them evenly

@@ -193,7 +193,8 @@ def main(argv=None) -> int:
     refuse_overlap(args.src, out_dir)  # before reading a model that may be gigabytes
     refuse_existing(out_dir, args.overwrite)
     check_writable_folder(out_dir, "OUT_DIR", "choose another OUT_DIR", beside=True)  # the export is staged beside it
-    model = load_model(args.src, n_head=args.n_head, endpoint_url=args.endpoint_url)
+    model = load_model(args.src, n_head=args.n_head, endpoint_url=args.endpoint_url,
+                       custom_refused="export_hf.py writes Hugging Face GPT-2 from model.py's GPT only")
     export(model, out_dir, overwrite=args.overwrite)
     cfg = model.config
     print(f"exported {args.src} as {HF_CLASSES[hf_model_type(cfg)]} ({model.num_params() / 1e6:.2f}M parameters: "

@@ -5,18 +5,21 @@ progress to stderr. The same --seed on the same device gives the same text. Deta
 Usage:
     python sample.py --checkpoint runs/quickstart --prompt "def main(" --num-samples 3 --max-new-tokens 200
     python sample.py --checkpoint s3://bucket/runs/pile/model.pt --prompt "The meaning of life" --top-k 50
-    python sample.py --checkpoint runs/pile/ep0-ba2000-rank0.pt --device cuda --seed 7"""
+    python sample.py --checkpoint runs/pile/ep0-ba2000-rank0.pt --device cuda --seed 7
+    python sample.py --checkpoint runs/my_model --model-class examples.my_model:MyGPT   # your own model's class"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 import time
+from typing import Optional
 
 import torch
 
-from pilegpt.checkpoint import add_load_arguments, load_model
+from pilegpt.checkpoint import add_load_arguments, add_model_class_argument, load_model
 from pilegpt.common import UserError, load_dotenv_file, pick_device, run_main
+from pilegpt.custom_model import generate_tokens, stated
 from pilegpt.tokenizer import EOT, EOT_ID, gpt2
 
 SEPARATOR = "-" * 40  # printed after each sample
@@ -38,6 +41,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1337, help="random seed; same seed + device = same text (default 1337)")
     p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda when available)")
     add_load_arguments(p)
+    add_model_class_argument(p)
     args = p.parse_args(argv)
     for name in ("num_samples", "batch_size", "max_new_tokens"):
         if getattr(args, name) < 1:
@@ -52,9 +56,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 # ---------------------------------------------------------------------------------------------------------
 # Sampling
 
-def encode_prompt(prompt: str, vocab_size: int) -> list[int]:
+def encode_prompt(prompt: str, vocab_size: Optional[int]) -> list[int]:
     ids = gpt2().encode(prompt, allowed_special={EOT}) or [EOT_ID]  # an empty prompt: start a new document
-    if max(ids) >= vocab_size:
+    if vocab_size is not None and max(ids) >= vocab_size:
         raise UserError(f"the prompt encodes to token {max(ids)}, but the model's vocabulary has only "
                         f"{vocab_size} tokens: was it trained with the GPT-2 tokenizer?")
     return ids
@@ -69,9 +73,10 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     load_dotenv_file()
     device = pick_device(args.device)
-    model = load_model(args.checkpoint, n_head=args.n_head, endpoint_url=args.endpoint_url).to(device)
+    model = load_model(args.checkpoint, n_head=args.n_head, endpoint_url=args.endpoint_url,
+                       model_class=args.model_class).to(device)
 
-    prompt = encode_prompt(args.prompt, model.config.vocab_size)
+    prompt = encode_prompt(args.prompt, stated(model, "vocab_size"))  # a custom model may state none
     torch.manual_seed(args.seed)
     if device.type == "cuda":
         torch.cuda.manual_seed_all(args.seed)
@@ -87,7 +92,7 @@ def main(argv=None) -> int:
         rows = min(args.batch_size, args.num_samples - first)
         idx = torch.tensor([prompt] * rows, dtype=torch.long, device=device)  # (B, T)
         for _ in range(args.max_new_tokens):  # one token per call, so the bar moves
-            idx = model.generate(idx, 1, temperature=args.temperature, top_k=top_k)
+            idx = generate_tokens(model, idx, 1, temperature=args.temperature, top_k=top_k)  # custom_model.py
             bar.update()
         for row in idx.tolist():
             print(decode(row))
@@ -96,7 +101,8 @@ def main(argv=None) -> int:
     bar.close()
     seconds = time.perf_counter() - start
     new_tokens = args.num_samples * args.max_new_tokens
-    print(f"sampled {args.num_samples} x {args.max_new_tokens} tokens from a {model.num_params() / 1e6:.2f}M-parameter "
+    params = sum(p.numel() for p in model.parameters())  # a tied matrix once
+    print(f"sampled {args.num_samples} x {args.max_new_tokens} tokens from a {params / 1e6:.2f}M-parameter "
           f"model on {device} in {seconds:.1f} s ({new_tokens / max(seconds, 1e-9):.0f} tokens/s)", file=sys.stderr)
     return 0
 

@@ -42,7 +42,7 @@ from composer.optim import CosineAnnealingWithWarmupScheduler
 from composer.utils import reproducibility
 
 from model import GPT, Block, GPTConfig
-from pilegpt import compat
+from pilegpt import compat, custom_model
 from pilegpt.checkpoint import EXPORT_NAME, latest_checkpoint_name, load_for_resume
 from pilegpt.common import (
     UserError,
@@ -82,15 +82,18 @@ METRICS_JSONL = "metrics.jsonl"
 # The Composer model: model.py's GPT, its loss and metrics
 
 class ComposerGPT(ComposerModel):
-    """GPT as a ComposerModel: batch {"x", "y"} in, (logits (B, T, V), mean loss) out."""
+    """model.py's GPT, or the user's own module (custom_model.py's contract), as a ComposerModel: batch {"x", "y"}
+    in, (logits (B, T, V), mean loss) out."""
 
-    def __init__(self, config: GPTConfig, tokenizer: str = "gpt2"):
+    def __init__(self, config: GPTConfig, tokenizer: str = "gpt2", module: Optional[torch.nn.Module] = None,
+                 spec: Optional[custom_model.ModelSpec] = None):
         super().__init__()
-        self.model = GPT(config)
-        # Wrap each transformer block in its own FSDP unit (when FSDP is on); the root unit keeps the
-        # embeddings, ln_f and the lm_head tied to wte.
-        self.model.fsdp_wrap_fn = lambda module: isinstance(module, Block)
-        self._flops_per_token = self.model.flops_per_token()  # before FSDP shards the parameters
+        self.model, self.spec = (GPT(config), None) if module is None else (module, spec)
+        if module is None:
+            # Wrap each transformer block in its own FSDP unit (when FSDP is on); the root unit keeps the
+            # embeddings, ln_f and the lm_head tied to wte.
+            self.model.fsdp_wrap_fn = lambda module: isinstance(module, Block)
+        self._flops_per_token = custom_model.flops_per_token(self.model)  # before FSDP shards the parameters
         self.train_metrics = {"LanguageCrossEntropy": CrossEntropyFromLoss(ignore_index=-1)}
         self.eval_metrics = {"LanguageCrossEntropy": CrossEntropyFromLoss(ignore_index=-1),
                              "LanguagePerplexity": PerplexityFromLoss(ignore_index=-1),
@@ -111,14 +114,26 @@ class ComposerGPT(ComposerModel):
         else:
             metric.update(outputs[1], (batch["y"] != -1).sum())
 
-    def flops_per_batch(self, batch: dict) -> int:
+    def __getattr__(self, name: str):
+        # SpeedMonitor reports FLOPs and MFU when the model has flops_per_batch: a model that counts none has not
+        if name == "flops_per_batch" and self.__dict__.get("_flops_per_token") is not None:
+            return self._flops_of_batch
+        return super().__getattr__(name)
+
+    def _flops_of_batch(self, batch: dict) -> int:
         """Training FLOPs (forward + backward) of one batch, for SpeedMonitor's MFU."""
         return self._flops_per_token * batch["x"].numel()
 
+    def optim_groups(self, weight_decay: float) -> list[dict]:
+        """The parameter groups of AdamW (the GPT's own, a custom model's own or custom_model's default)."""
+        return custom_model.optim_groups(self.model, weight_decay)
+
     # The model's shape travels in its Composer checkpoints (state["model"]["_extra_state"]), so that sample.py,
-    # export_hf.py and init_from can rebuild the GPT from a checkpoint alone. The GPT's own state dict (model.pt)
-    # stays plain tensors.
+    # export_hf.py and init_from can rebuild the GPT from a checkpoint alone (a custom model: its class and
+    # arguments, rebuilt only where the user names the class). The module's own state dict stays plain tensors.
     def get_extra_state(self) -> dict:
+        if self.spec is not None:
+            return {"model_class": self.spec.model_class, "model_args": self.spec.model_args}
         return {"model_args": dataclasses.asdict(self.model.config)}
 
     def set_extra_state(self, state) -> None:
@@ -224,12 +239,28 @@ def build_model(cfg: TrainConfig, pretrained: Pretrained, folder: RunFolder, wor
     elif source is not None and cfg.block_size < source.config.block_size:
         source.crop_block_size(cfg.block_size)
     reproducibility.seed_all(cfg.seed)  # identical initial weights on every rank
+    if cfg.model_class:
+        return build_custom_model(cfg, world)
     model = ComposerGPT(cfg.model_config(), data_tokenizer(cfg))
     if source is not None:  # weights only: the optimizer and the schedule start fresh
         model.model.load_state_dict(source.state_dict())
         origin = f"{source.num_params() / 1e6:.2f}M weights from {origin}"
     if cfg.init_from != "scratch" and world.rank == 0:
         print(f"init_from={cfg.init_from}: {origin}", flush=True)
+    return model
+
+
+def build_custom_model(cfg: TrainConfig, world: World) -> ComposerGPT:
+    """cfg.model_class(**cfg.model_args) in the same wrapper, its contract checked on a tiny batch (custom_model.py);
+    the model_class the user named is the only one ever imported (never one a checkpoint records)."""
+    spec = custom_model.ModelSpec(cfg.model_class, cfg.model_args)
+    module = custom_model.build(spec)
+    custom_model.check_forward(module, cfg.model_class, cfg.block_size, cfg.vocab_size)
+    model = ComposerGPT(cfg.model_config(), data_tokenizer(cfg), module, spec)
+    if world.rank == 0:
+        n = sum(p.numel() for p in module.parameters())
+        mfu = "" if model._flops_per_token is not None else "; it has no flops_per_token(): MFU is not reported"
+        print(f"model_class={cfg.model_class}: {n / 1e6:.2f}M parameters{mfu}", flush=True)
     return model
 
 
@@ -290,7 +321,7 @@ def build_optimizer(cfg: TrainConfig, model: ComposerGPT, device: str, precision
     """AdamW, gradient clipping and the learning-rate schedule (pilegpt/train/plain_loop.py does the same by hand),
     then the user's algorithms (cfg.algorithms)."""
     # weight decay on the 2-D weights only: GPT.optim_groups puts each parameter in exactly one of two groups
-    optimizer = torch.optim.AdamW(model.model.optim_groups(cfg.weight_decay), lr=cfg.learning_rate,
+    optimizer = torch.optim.AdamW(model.optim_groups(cfg.weight_decay), lr=cfg.learning_rate,
                                   betas=(cfg.beta1, cfg.beta2), fused=device == "gpu")
     # the gradients' global norm clipped to grad_clip after the backward pass, before the optimizer step
     # (Composer's GradientClipping runs at AFTER_TRAIN_BATCH); grad_clip=0 turns it off

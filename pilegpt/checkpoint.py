@@ -19,8 +19,9 @@ import torch
 import torch.nn as nn
 
 from model import GPT, GPTConfig
-from pilegpt import s3, storage
+from pilegpt import custom_model, s3, storage
 from pilegpt.common import UserError, atomic_path
+from pilegpt.custom_model import ModelSpec
 
 EXPORT_NAME = "model.pt"  # file name of the weights-only export train.py writes into its save folder
 EXPORT_FORMAT = "pile-gpt-export-v1"  # tag inside the export file, checked on load
@@ -52,18 +53,20 @@ def unwrap(model: nn.Module) -> nn.Module:
         model = inner
 
 
-def save_export(model: GPT, path: str | os.PathLike) -> None:
-    """Write the weights-only export of `model` (a GPT, possibly wrapped by torch.compile or DDP) to path.
+def save_export(model: nn.Module, path: str | os.PathLike, spec: Optional[ModelSpec] = None) -> None:
+    """Write the weights-only export of `model` (a GPT, or the custom model `spec` names; possibly wrapped by
+    torch.compile or DDP) to path: {"format", "model_args", "model"}, and "model_class" for a custom model.
 
     Written under a temporary name and renamed, so readers never see a partial file. Under FSDP, gather
     a full state dict first; this function expects whole tensors.
     """
     gpt = unwrap(model)
-    if not isinstance(gpt, GPT):
-        raise TypeError(f"save_export needs a GPT, got {type(gpt).__name__}")
+    if spec is None and not isinstance(gpt, GPT):
+        raise TypeError(f"save_export needs a GPT or a custom model's ModelSpec, got {type(gpt).__name__}")
     state = {k: v.detach().cpu() for k, v in gpt.state_dict().items()}
+    shape = {"model_args": asdict(gpt.config)} if spec is None else spec._asdict()
     with atomic_path(path) as tmp:
-        torch.save({"format": EXPORT_FORMAT, "model_args": asdict(gpt.config), "model": state}, tmp)
+        torch.save({"format": EXPORT_FORMAT, **shape, "model": state}, tmp)
 
 
 def config_from_args(model_args: dict) -> GPTConfig:
@@ -174,15 +177,25 @@ def infer_model_args(state: dict, n_head: Optional[int], source: str) -> dict:
                 bias="transformer.ln_f.bias" in state)
 
 
-def load_model_file(path: str, n_head: Optional[int] = None, source: Optional[str] = None) -> GPT:
-    """The GPT in a model.pt export or a Composer checkpoint file, on the CPU, in eval mode."""
+def load_model_file(path: str, n_head: Optional[int] = None, source: Optional[str] = None,
+                    model_class: Optional[str] = None, custom_refused: Optional[str] = None) -> nn.Module:
+    """The GPT (or the custom model: custom_model_from_weights) in a model.pt export or a Composer checkpoint file,
+    on the CPU, in eval mode."""
     source = source or path
     payload = safe_load(path)
     try:
         if isinstance(payload, dict) and payload.get("format") == EXPORT_FORMAT:
+            if "model_class" in payload:
+                recorded = ModelSpec(payload["model_class"], payload["model_args"])
+                return custom_model_from_weights(recorded, payload["model"], source, model_class, custom_refused)
+            refuse_model_class(model_class, source)
             return gpt_from_weights(payload["model_args"], payload["model"], source)
         if isinstance(payload, dict) and isinstance(payload.get("state"), dict) \
                 and isinstance(payload["state"].get("model"), dict):
+            if (recorded := recorded_model_class(payload["state"]["model"])) is not None:
+                state = custom_state_from_composer(payload["state"]["model"])
+                return custom_model_from_weights(recorded, state, source, model_class, custom_refused)
+            refuse_model_class(model_class, source)
             state, model_args = gpt_state_from_composer(payload["state"]["model"], source)
             if model_args is None:
                 model_args = infer_model_args(state, n_head, source)
@@ -193,6 +206,51 @@ def load_model_file(path: str, n_head: Optional[int] = None, source: Optional[st
     except ValueError as e:
         raise UserError(str(e)) from None
     raise UserError(f"{source} is neither a {EXPORT_NAME} export (checkpoint.save_export) nor a Composer checkpoint")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# A custom model's weights (custom_model.py): rebuilt only with the class the user names
+
+def refuse_model_class(model_class: Optional[str], source: str) -> None:
+    """A --model-class given for a file that holds model.py's GPT is a mistake: one line."""
+    if model_class is not None:
+        raise UserError(f"{source} holds model.py's GPT, not {model_class}: drop --model-class")
+
+
+def recorded_model_class(model_state: dict) -> Optional[ModelSpec]:
+    """The custom model a Composer checkpoint's model state records (train.ComposerGPT's extra state), or None."""
+    for k, v in model_state.items():
+        if k.endswith("_extra_state") and isinstance(v, dict) and isinstance(v.get("model_class"), str):
+            return ModelSpec(v["model_class"], v.get("model_args") or {})
+    return None
+
+
+def custom_state_from_composer(model_state: dict) -> dict:
+    """The custom module's state dict: the wrapper's "model." prefix (and torch.compile's and DDP's) taken off."""
+    plain = {".".join(part for part in k.split(".") if part not in ("_orig_mod", "module")): v
+             for k, v in model_state.items()}
+    return {k[len("model."):]: v for k, v in plain.items() if k.startswith("model.") and torch.is_tensor(v)}
+
+
+def custom_model_from_weights(recorded: ModelSpec, state: dict, source: str, model_class: Optional[str],
+                              custom_refused: Optional[str]) -> nn.Module:
+    """The custom model a file records, built from the class the user named (model_class, which must be the one
+    recorded: the recorded name itself is never imported) and loaded with its weights, in eval mode."""
+    if custom_refused is not None:
+        raise UserError(f"{source} holds your own model {recorded.model_class}: {custom_refused}")
+    if model_class is None:
+        raise UserError(f"{source} holds your own model {recorded.model_class}: pass --model-class "
+                        f"{recorded.model_class} to rebuild it (a class named in a file is never imported)")
+    if model_class != recorded.model_class:
+        raise UserError(f"--model-class {model_class}, but {source} holds {recorded.model_class}: pass that one")
+    module = custom_model.build(ModelSpec(model_class, recorded.model_args), "--model-class")
+    try:
+        module.load_state_dict(state)
+    except RuntimeError as e:
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        raise UserError(f"{source}: its weights do not fit {model_class}(**{recorded.model_args}) "
+                        f"({' '.join(lines[:2])})") from None
+    return module.eval()
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -248,12 +306,21 @@ def add_load_arguments(parser) -> None:
                         help="S3-compatible endpoint (default: AWS_ENDPOINT_URL or S3_ENDPOINT_URL)")
 
 
-def load_model(spec: str, n_head: Optional[int] = None, endpoint_url: Optional[str] = None) -> GPT:
-    """The GPT (CPU, eval mode) of a model.pt, a Composer checkpoint or a run folder, local or s3://."""
+def add_model_class_argument(parser) -> None:
+    """--model-class: the one way a script (sample.py, eval.py) rebuilds a custom model a checkpoint records."""
+    parser.add_argument("--model-class", default=None, metavar="MODULE:CLASS",
+                        help="your own model's class, as train.py's model_class named it, for a checkpoint of one "
+                             "(the name a file records is never imported)")
+
+
+def load_model(spec: str, n_head: Optional[int] = None, endpoint_url: Optional[str] = None,
+               model_class: Optional[str] = None, custom_refused: Optional[str] = None) -> nn.Module:
+    """The GPT (CPU, eval mode) of a model.pt, a Composer checkpoint or a run folder, local or s3://; a custom
+    model's only with model_class (load_model_file)."""
     if not storage.is_remote(spec):
-        return load_model_file(resolve_local(spec), n_head)
+        return load_model_file(resolve_local(spec), n_head, None, model_class, custom_refused)
     with tempfile.TemporaryDirectory(prefix="checkpoint-") as tmpdir:
-        return load_model_file(download_s3(spec, tmpdir, endpoint_url), n_head, source=spec)
+        return load_model_file(download_s3(spec, tmpdir, endpoint_url), n_head, spec, model_class, custom_refused)
 
 
 def latest_checkpoint_name(save_folder: str) -> str:

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from pilegpt.common import UserError, atomic_path
+from pilegpt.custom_model import context_length
 
 URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 VAL_EXAMPLES = 10_042  # lines of the official hellaswag_val.jsonl
@@ -151,7 +152,10 @@ class Prediction(NamedTuple):
 def evaluate(model, examples: list[Example], enc, device: torch.device, batch_size: int = 8, autocast_dtype=None,
              progress=None) -> list[Prediction]:
     """Score `examples` in batches of batch_size examples (4 x batch_size rows per forward pass)."""
-    block_size = model.config.block_size
+    block_size = context_length(model)
+    if block_size is None:
+        raise UserError(f"{type(model).__name__} states no block_size (nor config.block_size): HellaSwag's rows are "
+                        "cut to the model's context, so give the model a block_size attribute")
     predictions = []
     for i in range(0, len(examples), batch_size):
         part = examples[i:i + batch_size]

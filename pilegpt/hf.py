@@ -246,24 +246,32 @@ def is_hf_folder(spec: str) -> bool:
         os.path.isfile(os.path.join(spec, name)) for name in HF_WEIGHT_FILES)
 
 
-def load_pretrained(spec: str, endpoint_url: Optional[str] = None, what: str = "init_from") -> tuple[GPT, str]:
+def load_pretrained(spec: str, endpoint_url: Optional[str] = None, what: str = "init_from",
+                    model_class: Optional[str] = None) -> tuple[nn.Module, str]:
     """The GPT (CPU, eval mode) that train.py's init_from names, and where it came from, in words.
 
     spec: a GPT-2 hub name (HF_GPT2_NAMES), a local Hugging Face GPT-2 / Llama / Qwen3 folder, or a pile-gpt
-    model.pt / Composer checkpoint / run folder, local or s3://. UserError (one line) when it cannot be found or read;
-    messages name the spec as `what`=spec (train.py's setting, or eval.py's SRC).
+    model.pt / Composer checkpoint / run folder, local or s3:// (a custom model's only with model_class, eval.py's
+    --model-class; never for init_from). UserError (one line) when it cannot be found or read; messages name the
+    spec as `what`=spec.
     """
-    if spec in HF_GPT2_NAMES and not os.path.exists(spec):
+    hub, folder = spec in HF_GPT2_NAMES and not os.path.exists(spec), is_hf_folder(spec)
+    if model_class is not None and (hub or folder):
+        raise UserError(f"{what}={spec} is a Hugging Face model, not {model_class}: drop --model-class")
+    if hub:
         return load_hf(spec, what), f"OpenAI's {spec} (Hugging Face hub)"
-    if is_hf_folder(spec):
+    if folder:
         model = load_hf(spec, what)
         kind = {"gpt2": "GPT-2", "llama": "Llama", "qwen3": "Qwen3"}[hf_model_type(model.config)]
         return model, f"the Hugging Face {kind} folder {spec}"
+    refused = ("init_from loads weights into model.py's GPT; your own model trains from scratch (or continues "
+               "with autoresume)") if what == "init_from" else None
     if storage.is_remote(spec):
-        return load_model(spec, endpoint_url=endpoint_url), f"the pile-gpt checkpoint {spec}"
+        return load_model(spec, endpoint_url=endpoint_url, model_class=model_class, custom_refused=refused), \
+            f"the pile-gpt checkpoint {spec}"
     if not os.path.exists(spec):
         scratch = "scratch, " if what == "init_from" else ""
         raise UserError(f"{what}={spec} not found: pass {scratch}one of {', '.join(HF_GPT2_NAMES)}, a Hugging Face "
                         f"GPT-2 / Llama / Qwen3 folder, or a pile-gpt {EXPORT_NAME} / Composer checkpoint / run folder")
     path = resolve_local(spec)
-    return load_model_file(path), f"the pile-gpt checkpoint {path}"
+    return load_model_file(path, model_class=model_class, custom_refused=refused), f"the pile-gpt checkpoint {path}"

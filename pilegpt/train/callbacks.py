@@ -20,7 +20,7 @@ from composer.models import ComposerModel
 from composer.utils import create_interval_scheduler, dist, model_eval_mode
 
 from model import GPT, sample_next
-from pilegpt import compat
+from pilegpt import compat, custom_model
 from pilegpt.checkpoint import EXPORT_NAME, save_export
 from pilegpt.common import UserError
 
@@ -120,19 +120,20 @@ class ExportModel(Callback):
         self.last_batch = batch
         use_ema_weights(state)
         wrapper = composer_model(state)
+        spec = getattr(wrapper, "spec", None)  # a custom model's ModelSpec (train.ComposerGPT), else None: a GPT
         if state.fsdp_enabled:  # gather the full weights on rank 0 (every rank takes part), then copy them
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
             weights = get_model_state_dict(wrapper.model, options=StateDictOptions(full_state_dict=True,
                                                                                    cpu_offload=True))
             if dist.get_global_rank() != 0:
                 return
-            gpt = GPT(wrapper.model.config)
+            gpt = GPT(wrapper.model.config) if spec is None else custom_model.build(spec)
             gpt.load_state_dict(weights)
         else:
             if dist.get_global_rank() != 0:
                 return
             gpt = wrapper.model
-        save_export(gpt, self.local_path)
+        save_export(gpt, self.local_path, spec)
         if self.remote_name:
             logger.upload_file(self.remote_name, self.local_path, overwrite=True)
 

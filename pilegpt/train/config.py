@@ -25,6 +25,7 @@ from pilegpt.common import UserError
 # GPTConfig's fields, but dropout: a run's checkpoints hold this model
 ARCH_FIELDS = ("pos_emb", "rope_theta", "norm", "mlp", "n_kv_head", "qk_norm", "tie_embeddings", "logit_softcap")
 SHAPE_FIELDS = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "bias", *ARCH_FIELDS)
+CUSTOM_MODEL_FIELDS = ("model_class", "model_args")  # your own model instead of the GPT (custom_model.py)
 
 
 @dataclass
@@ -46,6 +47,8 @@ class TrainConfig:
     tie_embeddings: bool = True  # one matrix for token embeddings and output head, like GPT-2
     logit_softcap: float = 0.0  # logits = softcap * tanh(logits / softcap); 0 = off
     init_from: str = "scratch"  # weights: scratch, gpt2(-medium/-large/-xl), a HF GPT-2 folder, a pile-gpt checkpoint
+    model_class: str = ""  # your own nn.Module, "package.module:Class" (docs/extending.md); "" = model.py's GPT
+    model_args: dict = field(default_factory=dict)  # keyword arguments of model_class's constructor
     # data
     data_dir: Optional[str] = None  # local folder: prepare_data's train.bin/val.bin, or MDS train/ and val/
     data_remote: Union[str, list[str], None] = None  # MDS root with train/ (+ val/), local or s3://; a list: streams
@@ -122,7 +125,21 @@ class TrainConfig:
             errors.append(str(e).replace("GPTConfig.", ""))
         if self.global_batch_size < 1:
             errors.append(f"global_batch_size must be >= 1, got {self.global_batch_size}")
-        return errors
+        return errors + self._check_model_class()
+
+    def _check_model_class(self) -> list[str]:
+        """A custom model's import path and arguments, written right (it is imported when the model is built)."""
+        module, colon, name = self.model_class.partition(":")
+        if self.model_class and not (module and colon and name.isidentifier()):
+            return [f"model_class={self.model_class!r} is not an import path: write 'package.module:ClassName' "
+                    "(or '' for model.py's GPT)"]
+        if self.model_args and not self.model_class:
+            return ["model_args are a model_class's constructor arguments, but model_class is '' (model.py's GPT, "
+                    "shaped by n_layer, n_head, n_embd, ...): set model_class or drop model_args"]
+        if self.model_class and self.init_from != "scratch":
+            return [f"init_from={self.init_from} loads weights into model.py's GPT, but model_class="
+                    f"{self.model_class} is your own model: it starts from scratch (or continues with autoresume)"]
+        return []
 
     def _check_data(self) -> list[str]:
         """Where the data is (one of data_dir and data_remote) and how it is read."""

@@ -8,7 +8,6 @@ What is supported and why the other Composer algorithms are not: docs/extending.
 from __future__ import annotations
 
 import difflib
-import importlib
 import inspect
 from typing import Any, Optional
 
@@ -158,16 +157,13 @@ def build_callbacks(specs: dict, device: str, metric_names: dict[str, list[str]]
     import composer.callbacks  # here, not at the top: TrainConfig imports this module to check names
     from composer.core import Callback
 
+    from pilegpt.custom_model import import_class
+
     callbacks = []
     for name, kwargs in specs.items():  # names were checked with the config (check_callbacks)
         if ":" in name:
-            module_name, _, class_name = name.partition(":")
-            try:
-                cls = getattr(importlib.import_module(module_name), class_name)
-            except (ImportError, AttributeError) as e:
-                raise UserError(f"callbacks: cannot import {name} ({type(e).__name__}: {e}); write it as "
-                                f"'module.path:ClassName' with the module on PYTHONPATH") from None
-            if not (isinstance(cls, type) and issubclass(cls, Callback)):
+            cls = import_class(name, "callbacks")
+            if not issubclass(cls, Callback):
                 raise UserError(f"callbacks: {name} is not a composer.core.Callback subclass")
         else:
             cls = getattr(composer.callbacks, CALLBACKS[name])

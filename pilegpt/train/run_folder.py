@@ -20,7 +20,7 @@ from pilegpt.checkpoint import existing_checkpoints
 from pilegpt.common import UserError, atomic_write_text, check_writable_folder
 from pilegpt.s3 import S3Dir
 from pilegpt.train import cluster, data_record, lock
-from pilegpt.train.config import SHAPE_FIELDS, TrainConfig
+from pilegpt.train.config import CUSTOM_MODEL_FIELDS, SHAPE_FIELDS, TrainConfig
 from pilegpt.train.loaders import refresh_mds_cache
 from pilegpt.train.resume import set_aside_broken_checkpoints
 
@@ -112,7 +112,7 @@ def check_same_model(cfg: TrainConfig, run_dir: str, save_folder: str) -> None:
     if not os.path.isfile(path):
         return
     saved = json.loads(open(path).read()).get("config", {})
-    changed = [f"{k}={getattr(cfg, k)!r} (the run has {saved[k]!r})" for k in SHAPE_FIELDS
+    changed = [f"{k}={getattr(cfg, k)!r} (the run has {saved[k]!r})" for k in (*SHAPE_FIELDS, *CUSTOM_MODEL_FIELDS)
                if k in saved and saved[k] != getattr(cfg, k)]
     if changed:
         raise UserError(f"autoresume: the checkpoints in {save_folder} are of "

@@ -1,0 +1,129 @@
+"""Your own model by import path: any torch.nn.Module whose `forward(idx, targets=None)` returns `(logits, loss)`,
+named "package.module:Class" with its constructor's keyword arguments, trained, saved and sampled like model.py's
+GPT. The class is imported only where the user names it (train.py's model_class, sample.py's and eval.py's
+--model-class), never because a file records it. Details: docs/extending.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import NamedTuple, Optional
+
+import torch
+import torch.nn as nn
+
+from pilegpt.common import UserError, one_line
+
+# Optional methods, used when the module has them: optim_groups(weight_decay) (else weight decay on the dim >= 2
+# parameters), flops_per_token() (else no MFU), generate(idx, max_new_tokens, temperature, top_k) (else
+# generate_tokens' loop over forward). The context length is `block_size` or `config.block_size`, when there is one.
+
+
+class ModelSpec(NamedTuple):
+    """A custom model as checkpoints record it: its import path and its constructor's keyword arguments."""
+    model_class: str  # "package.module:Class"
+    model_args: dict  # Class(**model_args)
+
+
+def import_class(path: str, setting: str) -> type:
+    """The class that "package.module:Class" names; a one-line UserError, prefixed with `setting`, when it is
+    written wrong, its module cannot be imported or has no such class."""
+    module_name, colon, class_name = path.partition(":")
+    if not colon or not module_name or not class_name.isidentifier():
+        raise UserError(f"{setting}: {path!r} is not an import path: write it 'package.module:ClassName'")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:  # ImportError, or the module failing while it runs
+        raise UserError(f"{setting}: cannot import {module_name} ({type(e).__name__}: {one_line(e)}); write it as "
+                        "'module.path:ClassName' with the module on PYTHONPATH") from None
+    cls = getattr(module, class_name, None)
+    if not isinstance(cls, type):
+        raise UserError(f"{setting}: module {module_name} has no class {class_name}")
+    return cls
+
+
+def build(spec: ModelSpec, setting: str = "model_class") -> nn.Module:
+    """Class(**model_args), checked to be an nn.Module with parameters (one line per broken rule)."""
+    cls = import_class(spec.model_class, setting)
+    if not issubclass(cls, nn.Module):
+        raise UserError(f"{setting}: {spec.model_class} is not a torch.nn.Module subclass")
+    try:
+        module = cls(**spec.model_args)
+    except (TypeError, ValueError) as e:
+        raise UserError(f"{setting}: {spec.model_class}(**{spec.model_args}) failed: {one_line(e)}; set its "
+                        "constructor's arguments with model_args") from None
+    if not any(p.requires_grad for p in module.parameters()):
+        raise UserError(f"{setting}: {spec.model_class} has no trainable parameters")
+    return module
+
+
+def check_forward(module: nn.Module, name: str, block_size: int, vocab_size: int) -> None:
+    """One tiny forward pass with targets (a private RNG stream, no gradient): it must return (logits (B, T, V),
+    scalar loss) with V >= vocab_size, and a context length, when the module states one, of >= block_size."""
+    context = context_length(module)
+    if context is not None and context < block_size:
+        raise UserError(f"model_class: {name} has a context of {context} tokens, less than block_size={block_size}: "
+                        "raise it in model_args or lower --block_size")
+    T = min(block_size, 4)
+    idx = torch.zeros((1, T), dtype=torch.long)
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        try:
+            out = module(idx, targets=idx)
+        except Exception as e:
+            raise UserError(f"model_class: {name}.forward(idx, targets) failed on a (1, {T}) batch: "
+                            f"{type(e).__name__}: {one_line(e)}") from None
+    if not (isinstance(out, tuple) and len(out) == 2 and torch.is_tensor(out[0]) and torch.is_tensor(out[1])):
+        raise UserError(f"model_class: {name}.forward(idx, targets) must return (logits, loss), two tensors; it "
+                        f"returned {type(out).__name__}")
+    logits, loss = out
+    if logits.dim() != 3 or tuple(logits.shape[:2]) != (1, T) or loss.numel() != 1:
+        raise UserError(f"model_class: {name}.forward(idx, targets) must return logits (B, T, V) and a scalar loss; "
+                        f"on a (1, {T}) batch they were {tuple(logits.shape)} and {tuple(loss.shape)}")
+    if logits.size(-1) < vocab_size:
+        raise UserError(f"model_class: {name} predicts {logits.size(-1)} tokens, fewer than vocab_size={vocab_size} "
+                        "(the data's): raise its vocabulary in model_args")
+
+
+def stated(module: nn.Module, name: str) -> Optional[int]:
+    """An int the model states about itself as `name` or `config.name` (block_size, vocab_size), else None."""
+    for owner in (module, getattr(module, "config", None)):
+        value = getattr(owner, name, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def context_length(module: nn.Module) -> Optional[int]:
+    """The most tokens the model reads at once (`block_size`, or `config.block_size`); None when it states none."""
+    return stated(module, "block_size")
+
+
+def optim_groups(module: nn.Module, weight_decay: float) -> list[dict]:
+    """The module's own optim_groups(weight_decay), else AdamW's two groups: decay on dim >= 2, none on the rest."""
+    if hasattr(module, "optim_groups"):
+        return module.optim_groups(weight_decay)
+    params = [p for p in module.parameters() if p.requires_grad]
+    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+
+
+def flops_per_token(module: nn.Module) -> Optional[int]:
+    """Training FLOPs per token when the module counts them (flops_per_token()), else None: no MFU."""
+    count = getattr(module, "flops_per_token", None)
+    return int(count()) if callable(count) else None
+
+
+@torch.no_grad()
+def generate_tokens(module: nn.Module, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+                    top_k: Optional[int] = None) -> torch.Tensor:
+    """idx (B, T) extended by max_new_tokens sampled tokens: the module's generate() when it has one, else a loop of
+    forward(idx) over the last context_length tokens, sampling from the last position's logits."""
+    if hasattr(module, "generate"):
+        return module.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k)
+    from model import sample_next
+
+    context = context_length(module)
+    for _ in range(max_new_tokens):
+        logits, _ = module(idx if context is None else idx[:, -context:])
+        idx = torch.cat((idx, sample_next(logits[:, -1, :].float(), temperature, top_k)), dim=1)
+    return idx
