@@ -213,6 +213,11 @@ class GPT(nn.Module):
         self.config.block_size = block_size
         self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size].detach().clone())
 
+    def hidden_matrices(self) -> list[nn.Parameter]:
+        """The 2-D weights inside the transformer blocks (attention and MLP matmuls): what Muon updates
+        (optimizer="muon"). Everything else (embeddings, the output head, norms, biases) is AdamW's."""
+        return [p for block in self.transformer.h for p in block.parameters() if p.dim() == 2]
+
 
 def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None) -> torch.Tensor:
     """One token id per row of logits (B, V), drawn from softmax(logits / temperature) restricted to the top_k
