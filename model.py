@@ -353,6 +353,11 @@ class GPT(nn.Module):
         else:
             self.rope_cos, self.rope_sin = self.rope_cos[:block_size], self.rope_sin[:block_size]
 
+    def hidden_matrices(self) -> list[nn.Parameter]:
+        """The 2-D weights inside the transformer blocks (attention and MLP matmuls): what Muon updates
+        (optimizer="muon"). Everything else (embeddings, the output head, norms, biases) is AdamW's."""
+        return [p for block in self.transformer.h for p in block.parameters() if p.dim() == 2]
+
 
 def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None) -> torch.Tensor:
     """One token id per row of logits (B, V), drawn from softmax(logits / temperature) restricted to the top_k

@@ -70,6 +70,7 @@ from pilegpt.train.loaders import (
     eval_batches_per_rank,
 )
 from pilegpt.train.metrics import BitsPerByte, CrossEntropyFromLoss, PerplexityFromLoss, token_bytes
+from pilegpt.train.muon import Muon, muon_groups
 from pilegpt.train.preemption import PREEMPTED, CheckpointClock, StopOnSignal
 from pilegpt.train.report import PLOT, REPORT, write_report
 from pilegpt.train.run_folder import CONFIG_JSON, RunFolder
@@ -318,15 +319,20 @@ def build_data(cfg: TrainConfig, model: ComposerGPT, world: World,
 
 
 def build_optimizer(cfg: TrainConfig, model: ComposerGPT, device: str, precision: str) -> Optimization:
-    """AdamW, gradient clipping and the learning-rate schedule (pilegpt/train/plain_loop.py does the same by hand),
-    then the user's algorithms (cfg.algorithms)."""
-    # weight decay on the 2-D weights only: GPT.optim_groups puts each parameter in exactly one of two groups
-    optimizer = torch.optim.AdamW(model.optim_groups(cfg.weight_decay), lr=cfg.learning_rate,
-                                  betas=(cfg.beta1, cfg.beta2), fused=device == "gpu")
+    """AdamW (or Muon and AdamW), gradient clipping and the learning-rate schedule (pilegpt/train/plain_loop.py does
+    the same by hand), then the user's algorithms (cfg.algorithms)."""
+    if cfg.optimizer == "muon":  # Muon for the blocks' 2-D weights at muon_lr, AdamW for the rest at learning_rate
+        optimizer = Muon(muon_groups(model.model, cfg.weight_decay, cfg.muon_lr, cfg.learning_rate),
+                         momentum=cfg.muon_momentum, betas=(cfg.beta1, cfg.beta2), fused=device == "gpu")
+    else:  # weight decay on the 2-D weights only: GPT.optim_groups puts each parameter in one of two groups
+        optimizer = torch.optim.AdamW(model.optim_groups(cfg.weight_decay), lr=cfg.learning_rate,
+                                      betas=(cfg.beta1, cfg.beta2), fused=device == "gpu")
     # the gradients' global norm clipped to grad_clip after the backward pass, before the optimizer step
     # (Composer's GradientClipping runs at AFTER_TRAIN_BATCH); grad_clip=0 turns it off
     clipping = [GradientClipping(clipping_type="norm", clipping_threshold=cfg.grad_clip)] if cfg.grad_clip else []
-    # linear warmup to learning_rate over `warmup`, then a cosine decay to min_lr at max_duration
+    # linear warmup to learning_rate over `warmup`, then a cosine decay to min_lr at max_duration. Composer runs it as
+    # a LambdaLR: one factor times each group's own initial lr, so Muon's groups go from muon_lr to
+    # muon_lr * min_lr / learning_rate on the same curve (test_muon.py checks it)
     scheduler = CosineAnnealingWithWarmupScheduler(t_warmup=cfg.warmup, alpha_f=cfg.min_lr / cfg.learning_rate)
     # Composer applies algorithms in list order at each event: the clipping first, then the user's
     return Optimization(optimizer, scheduler, [*clipping, *build_algorithms(cfg, device, precision)])

@@ -10,13 +10,14 @@ Usage:
 What runs: random GPT-2 token ids (uniform over 50,257), written as a prepare_data .bin (data.write_token_files) and
 converted by to_mds.py itself (zstd, train/ and val/), so the data is exactly what to_mds writes for the Pile. Each
 variant is one real `python train.py config/pile.py --data_dir=... --max_duration={steps}ba ...` process, with
-pile.py's model (12 layers, 12 heads, 768 wide, block 1024), AdamW, grad clipping, num_workers and callbacks, and
-amp_bf16. The batch is pile.py's per-GPU share: 480 sequences over its 8 GPUs = 60 per step, in microbatches of
-pile.py's 12 ("fixed") or Composer's "auto" (start at the whole batch, halve on each CUDA OOM). Nothing is
-downloaded. The rows, in the order they run (later rows are the first to fall to --budget-s):
+pile.py's model (12 layers, 12 heads, 768 wide, block 1024), AdamW (Muon in its row), grad clipping, num_workers and
+callbacks, and amp_bf16. The batch is pile.py's per-GPU share: 480 sequences over its 8 GPUs = 60 per step, in
+microbatches of pile.py's 12 ("fixed") or Composer's "auto" (start at the whole batch, halve on each CUDA OOM).
+Nothing is downloaded. The rows, in the order they run (later rows are the first to fall to --budget-s):
     eager-50257-fixed     the baseline: pile.py as it is (compile=False, vocab 50257, microbatch 12)
     eager-50304-fixed     vocab padded to a multiple of 64
-    compile-50304-fixed   and torch.compile (train.py --compile=True)
+    eager-50304-muon      eager-50304-fixed with optimizer="muon" instead of AdamW: what Muon's steps cost
+    compile-50304-fixed   eager-50304-fixed and torch.compile (train.py --compile=True)
     eager-50304-auto      microbatch "auto" instead of 12
     compile-50304-auto    compile + padded vocab + "auto": the fastest candidate default
     compile-50257-fixed   compile without the padding (does padding matter more once compiled?)
@@ -52,7 +53,7 @@ Composer's log of every run go beside it, to {out stem}_logs/. GPU memory (estim
 
 --smoke: the same code on CPU in fp32 with a tiny model (2 layers, 64 wide, block 64, batch 8 of microbatch 4, 8
 steps, 2 workers): the eager rows and the loader rows (2 and 0 workers) run, the compile and "auto" rows are marked
-"skipped: GPU only". ~40 s on 2 idle cores, most of it two train.py start-ups; up to ~1.5 min on busy ones.
+"skipped: GPU only". ~1 min on 2 idle cores, most of it three train.py start-ups; up to ~2 min on busy ones.
 """
 
 from __future__ import annotations
@@ -110,6 +111,7 @@ class Variant:
     compile: bool
     vocab_size: int
     auto_microbatch: bool
+    optimizer: str = "adamw"  # train.py's optimizer setting
 
     @property
     def gpu_only(self) -> bool:
@@ -120,6 +122,7 @@ class Variant:
 VARIANTS = (  # the baseline first, then what the recommendation needs; the budget cuts from the end
     Variant("eager-50257-fixed", compile=False, vocab_size=50257, auto_microbatch=False),
     Variant("eager-50304-fixed", compile=False, vocab_size=50304, auto_microbatch=False),
+    Variant("eager-50304-muon", compile=False, vocab_size=50304, auto_microbatch=False, optimizer="muon"),
     Variant("compile-50304-fixed", compile=True, vocab_size=50304, auto_microbatch=False),
     Variant("eager-50304-auto", compile=False, vocab_size=50304, auto_microbatch=True),
     Variant("compile-50304-auto", compile=True, vocab_size=50304, auto_microbatch=True),
@@ -253,7 +256,8 @@ def run_variant(setup: Setup, v: Variant, precision: str, timeout_s: float) -> R
     row = Row(v.name, compile="yes" if v.compile else "no", vocab=str(v.vocab_size), microbatch=microbatch)
     cmd = [sys.executable, str(REPO / "train.py"), str(PILE), *setup.train_args(), f"--run_name={v.name}",
            f"--save_folder={run_dir}", f"--data_local={setup.work / 'cache' / v.name}", f"--compile={v.compile}",
-           f"--vocab_size={v.vocab_size}", f"--device_train_microbatch_size={microbatch}", f"--precision={precision}"]
+           f"--vocab_size={v.vocab_size}", f"--device_train_microbatch_size={microbatch}", f"--precision={precision}",
+           f"--optimizer={v.optimizer}"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if setup.smoke:
         env.setdefault("OMP_NUM_THREADS", "1")  # a tiny model on a shared CPU: one thread is fastest and steadiest

@@ -61,9 +61,12 @@ class TrainConfig:
     device_train_microbatch_size: Union[int, str] = 12  # sequences per forward/backward per device; "auto" (GPU)
     device_eval_batch_size: Optional[int] = None  # eval sequences per batch per device; None = the train microbatch
     # optimizer and schedule
-    learning_rate: float = 6e-4  # peak learning rate, reached after warmup
+    optimizer: str = "adamw"  # "adamw", or "muon": Muon for the blocks' 2-D weights, AdamW for the rest
+    learning_rate: float = 6e-4  # peak learning rate, reached after warmup (AdamW's, also with optimizer="muon")
+    muon_lr: float = 0.02  # Muon's peak learning rate (optimizer="muon"), on the same schedule as learning_rate
+    muon_momentum: float = 0.95  # Muon's momentum (Nesterov)
     min_lr: float = 6e-5  # learning rate at the end of the cosine decay
-    weight_decay: float = 0.1  # AdamW weight decay on 2-D weights only
+    weight_decay: float = 0.1  # decoupled weight decay on 2-D weights only (p -= lr * weight_decay * p)
     beta1: float = 0.9  # AdamW beta1
     beta2: float = 0.95  # AdamW beta2
     grad_clip: float = 1.0  # clip the gradient's global norm to this; 0 = no clipping
@@ -177,7 +180,7 @@ class TrainConfig:
         return errors
 
     def _check_optimizer(self) -> list[str]:
-        """The learning rates, the starting weights and gradient clipping."""
+        """The optimizer and its learning rates, the starting weights and gradient clipping."""
         errors = []
         if not 0 < self.learning_rate:
             errors.append(f"learning_rate must be > 0, got {self.learning_rate}")
@@ -187,6 +190,15 @@ class TrainConfig:
             errors.append("init_from is empty: pass scratch, gpt2, a Hugging Face folder or a pile-gpt checkpoint")
         if self.grad_clip < 0:
             errors.append(f"grad_clip must be >= 0 (0 = off), got {self.grad_clip}")
+        if self.optimizer not in ("adamw", "muon"):
+            errors.append(f"optimizer must be 'adamw' or 'muon', got {self.optimizer!r}")
+        if not 0 < self.muon_lr:
+            errors.append(f"muon_lr must be > 0, got {self.muon_lr}")
+        if not 0 <= self.muon_momentum < 1:
+            errors.append(f"muon_momentum must be in [0, 1), got {self.muon_momentum}")
+        if self.optimizer == "muon" and self.fsdp:  # Newton-Schulz needs the whole matrix; a rank holds a shard
+            errors.append("optimizer='muon' cannot run with fsdp=True (it orthogonalises whole 2-D weights, FSDP "
+                          "shards them): set fsdp=False (DDP) or optimizer='adamw'")
         return errors
 
     def _check_schedule(self) -> list[str]:

@@ -1,5 +1,6 @@
 """The plain PyTorch loop that computes what train.py's Composer Trainer computes, batch for batch: model.py's GPT,
-AdamW over its two parameter groups, gradient clipping, the cosine schedule with warmup, train.py's data order.
+AdamW over its two parameter groups (or Muon and AdamW, optimizer="muon"), gradient clipping, the cosine schedule
+with warmup, train.py's data order.
 
 tests/test_bench_train.py pins its losses to train.py's; bench/bench_train.py times train.py against it.
 """
@@ -15,6 +16,7 @@ from model import GPT
 from pilegpt.common import UserError
 from pilegpt.train.config import TrainConfig
 from pilegpt.train.loaders import build_dataloaders
+from pilegpt.train.muon import Muon, muon_groups
 
 
 def batches(duration: str, name: str) -> int:
@@ -43,9 +45,12 @@ def train(cfg: TrainConfig, model: GPT | None = None) -> Iterator[tuple[int, int
     yields (batch, tokens so far, loss) after each optimizer step. One forward and backward pass per batch:
     Composer's microbatches (when device_train_microbatch_size is smaller) add up to the same gradient."""
     model = build_model(cfg) if model is None else model
-    # weight decay on the 2-D weights only (matmuls, embeddings), not on biases and LayerNorm gains
-    optimizer = torch.optim.AdamW(model.optim_groups(cfg.weight_decay), lr=cfg.learning_rate,
-                                  betas=(cfg.beta1, cfg.beta2))
+    if cfg.optimizer == "muon":  # Muon for the blocks' 2-D weights, AdamW for embeddings, biases and LayerNorm gains
+        optimizer = Muon(muon_groups(model, cfg.weight_decay, cfg.muon_lr, cfg.learning_rate),
+                         momentum=cfg.muon_momentum, betas=(cfg.beta1, cfg.beta2))
+    else:  # weight decay on the 2-D weights only (matmuls, embeddings), not on biases and LayerNorm gains
+        optimizer = torch.optim.AdamW(model.optim_groups(cfg.weight_decay), lr=cfg.learning_rate,
+                                      betas=(cfg.beta1, cfg.beta2))
     # train.py's own loader: non-overlapping windows in the order its seeded sampler gives, epoch after epoch
     loader = build_dataloaders(cfg, 1, 0, pin_memory=False)[0].dataloader
     max_batches, warmup = batches(cfg.max_duration, "max_duration"), batches(cfg.warmup, "warmup")
@@ -56,8 +61,9 @@ def train(cfg: TrainConfig, model: GPT | None = None) -> Iterator[tuple[int, int
         x, y = batch["x"], batch["y"]  # (B, T) token ids; y is x shifted left by one token
         # Composer sets lr(0) at the start, then steps its scheduler after each batch before the batch count moves
         # on: batch `it` (from 0) trains at lr(it - 1), the first two at lr(0)
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate(cfg, max(0, it - 1), max_batches, warmup)
+        for group in optimizer.param_groups:  # Muon's groups: the same curve, scaled to peak at muon_lr
+            lr = learning_rate(cfg, max(0, it - 1), max_batches, warmup)
+            group["lr"] = lr * cfg.muon_lr / cfg.learning_rate if group.get("muon") else lr
         _, loss = model(x, targets=y)  # logits (B, T, vocab_size); loss: the mean cross-entropy of the B*T targets
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

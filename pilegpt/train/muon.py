@@ -1,0 +1,121 @@
+"""Muon for the hidden 2-D weights and AdamW for the rest, as one torch.optim.Optimizer (Composer's Trainer takes
+one): groups flagged muon=True take Nesterov momentum orthogonalised by a Newton-Schulz iteration, the others
+torch.optim.AdamW's exact step. Pure PyTorch; details in docs/training.md."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.optim.adamw import adamw
+
+from pilegpt.common import UserError
+
+# The quintic Newton-Schulz iteration X <- a X + b (X X^T) X + c (X X^T)^2 X of modded-nanogpt and nanochat, with
+# their coefficients: a steep slope at 0 (a = 3.4445) pulls small singular values up in few steps, at the price of
+# not converging to exactly 1: after 5 steps each singular value of G that is at least 0.002 of G's Frobenius norm
+# lies in [0.68, 1.21] (the scalar map's range; tests/unit/test_muon.py); smaller ones, directions the gradient
+# hardly has, stay smaller.
+NS_COEFFS = (3.4445, -4.7750, 2.0315)
+NS_STEPS = 5
+
+
+def orthogonalize(grad: torch.Tensor, steps: int = NS_STEPS) -> torch.Tensor:
+    """G's nearest semi-orthogonal matrix U V^T (G = U S V^T), approximately: its singular values all near 1.
+    fp32 on CPU (exact, deterministic), bf16 on GPU (fast; the iteration tolerates its rounding)."""
+    a, b, c = NS_COEFFS
+    x = grad.to(torch.bfloat16 if grad.is_cuda else torch.float32)
+    tall = x.size(0) > x.size(1)
+    if tall:  # iterate on the wide orientation: X X^T is then the smaller square
+        x = x.T
+    x = x / (x.norm() + 1e-7)  # the Frobenius norm bounds the spectral norm: every singular value now <= 1
+    for _ in range(steps):
+        gram = x @ x.T
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return (x.T if tall else x).to(grad.dtype)
+
+
+class Muon(torch.optim.Optimizer):
+    """Param groups with muon=True (2-D weights): momentum, Nesterov, orthogonalised; muon=False: AdamW's step.
+    Weight decay is decoupled in both (p <- p (1 - lr * weight_decay)); state_dict round-trips like AdamW's."""
+
+    def __init__(self, params, lr: float = 0.02, momentum: float = 0.95, betas: tuple[float, float] = (0.9, 0.95),
+                 eps: float = 1e-8, weight_decay: float = 0.0, fused: bool = False):
+        defaults = dict(lr=lr, momentum=momentum, betas=betas, eps=eps, weight_decay=weight_decay, muon=False,
+                        fused=fused)
+        super().__init__(params, defaults)
+        for group in self.param_groups:
+            if group["muon"] and any(p.dim() != 2 for p in group["params"]):
+                raise ValueError("Muon orthogonalises matrices: a muon=True group holds a parameter that is not 2-D")
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            if group["muon"]:
+                self._muon_step(group)
+            else:
+                self._adamw_step(group)
+        return loss
+
+    def _muon_step(self, group: dict) -> None:
+        """buf <- m buf + (1 - m) g; the Nesterov direction (1 - m) g + m buf, orthogonalised and scaled."""
+        lr, m = group["lr"], group["momentum"]
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            state = self.state[p]
+            if "momentum_buffer" not in state:
+                state["momentum_buffer"] = torch.zeros_like(p)
+            buf = state["momentum_buffer"]
+            buf.lerp_(p.grad, 1 - m)
+            update = orthogonalize(p.grad.lerp(buf, m))
+            # An m x n semi-orthogonal matrix has RMS 1/sqrt(max(m, n)); times sqrt(max(1, m/n)) every update has
+            # RMS 1/sqrt(n), n = the fan-in (nn.Linear's weight is (out, in)), so one lr suits every shape.
+            scale = max(1.0, p.size(0) / p.size(1)) ** 0.5
+            p.mul_(1 - lr * group["weight_decay"])
+            p.add_(update, alpha=-lr * scale)
+
+    def _adamw_step(self, group: dict) -> None:
+        """torch.optim.AdamW's step for this group, through its functional form, with the same state keys."""
+        params, grads, exp_avgs, exp_avg_sqs, steps = [], [], [], [], []
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            state = self.state[p]
+            if not state:  # as AdamW: a CPU float step counter, unless fused (then on the parameter's device)
+                state["step"] = (torch.zeros((), dtype=torch.float32, device=p.device) if group["fused"]
+                                 else torch.tensor(0.0))
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            params.append(p)
+            grads.append(p.grad)
+            exp_avgs.append(state["exp_avg"])
+            exp_avg_sqs.append(state["exp_avg_sq"])
+            steps.append(state["step"])
+        if not params:
+            return
+        beta1, beta2 = group["betas"]
+        adamw(params, grads, exp_avgs, exp_avg_sqs, [], steps, fused=group["fused"] or None, amsgrad=False,
+              beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"], eps=group["eps"],
+              maximize=False)
+
+
+def muon_groups(model: nn.Module, weight_decay: float, muon_lr: float, adamw_lr: float) -> list[dict]:
+    """Muon's group (model.hidden_matrices()) and AdamW's two (2-D weights decayed, biases and norms not): every
+    trainable parameter in exactly one group (checked)."""
+    if not callable(getattr(model, "hidden_matrices", None)):
+        raise UserError(f"optimizer='muon' needs {type(model).__name__}.hidden_matrices() (the 2-D weights Muon "
+                        "updates; model.py's GPT has one): add the method or set optimizer='adamw'")
+    params = [p for p in model.parameters() if p.requires_grad]  # a tied matrix appears once
+    hidden = {id(p) for p in model.hidden_matrices()}
+    groups = [dict(params=[p for p in params if id(p) in hidden], lr=muon_lr, weight_decay=weight_decay, muon=True),
+              dict(params=[p for p in params if id(p) not in hidden and p.dim() >= 2], lr=adamw_lr,
+                   weight_decay=weight_decay),
+              dict(params=[p for p in params if id(p) not in hidden and p.dim() < 2], lr=adamw_lr, weight_decay=0.0)]
+    listed = [id(p) for g in groups for p in g["params"]]
+    assert len(listed) == len(set(listed)) == len(params), "a parameter is in no group or in two"
+    assert hidden <= set(listed), "hidden_matrices() returned a parameter that is not trainable or not the model's"
+    return groups

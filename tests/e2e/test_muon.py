@@ -1,0 +1,41 @@
+"""train.py with optimizer="muon" on CPU: interrupted and resumed, in one process and in two (`composer -n 2`), it
+gives the losses of the run that was never interrupted, batch for batch, so Muon's momentum travels in the
+checkpoint and every rank takes the same step; the plain reference loop gives them too. Muon's parts:
+tests/unit/test_muon.py."""
+
+import numpy as np
+import pytest
+
+import train
+from e2e.test_train import assert_resumed_where_it_stopped, callbacks, simulate_crash_after
+from helpers import REPO, SMALL, checkpoint_state, losses_by_batch, run_train, succeeded
+from pilegpt.train import plain_loop
+from pilegpt.train.config import load_config
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # the runs in this process, as train_env's subprocesses
+
+
+def test_a_muon_run_resumes_loss_for_loss_in_one_process_and_in_two(shakespeare_bin, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    args = [str(REPO / "config" / "tiny.py"), f"--data_dir={shakespeare_bin}", *SMALL, "--optimizer=muon",
+            "--max_duration=6ba", "--save_interval=3ba", "--eval_interval=100ba", "--sample_length=0",
+            "--progress_bar=False", f"--save_folder={run_dir}", "--device=cpu", callbacks(run_dir)]
+    train.main(args)  # the run that is never interrupted: 1 process, this one
+    whole = losses_by_batch(run_dir)
+    assert sorted(whole) == [1, 2, 3, 4, 5, 6] and whole[6] < whole[1] - 0.1  # it learns
+    state = checkpoint_state(run_dir / "ep0-ba3-rank0.pt")["optimizers"]["Muon"]
+    assert sum("momentum_buffer" in s for s in state["state"].values()) == 8  # 2 layers x 4 matrices
+    # the plain reference loop (docs/training.md) follows optimizer="muon" too: train.py's losses
+    plain = [loss for _, _, loss in plain_loop.train(load_config(args))]
+    np.testing.assert_allclose(plain, [whole[b] for b in range(1, 7)], rtol=1e-5)
+
+    simulate_crash_after(run_dir, keep_batch=3)  # 1 process resumes: its batches 4-6 are the whole run's
+    capsys.readouterr()
+    train.main([*args, "--autoresume=True"])
+    assert_resumed_where_it_stopped(run_dir, capsys.readouterr().out, keep_batch=3, last_batch=6)
+
+    simulate_crash_after(run_dir, keep_batch=3)  # 2 processes resume: each half of every global batch
+    out = succeeded(run_train([*args, "--autoresume=True"], tmp_path, nproc=2))
+    assert "resuming from the checkpoint at batch 3 " in out and "done: 3 batches" in out
+    two = losses_by_batch(run_dir)  # the last run's rows win
+    assert np.allclose([two[b] for b in (4, 5, 6)], [whole[b] for b in (4, 5, 6)], rtol=0, atol=1e-5)

@@ -1,0 +1,200 @@
+"""pilegpt/train/muon.py: the Newton-Schulz orthogonalisation against its scalar formula, the parameter groups,
+AdamW's groups equal to torch.optim.AdamW, the state_dict round trip, the schedule over groups of different lrs,
+learning, and the refusals (train runs with Muon: tests/e2e/test_muon.py)."""
+
+import copy
+import io
+
+import pytest
+import torch
+from torch import nn
+
+from model import GPT, GPTConfig
+from pilegpt.common import UserError
+from pilegpt.train import config as train_config
+from pilegpt.train.muon import NS_COEFFS, NS_STEPS, Muon, muon_groups, orthogonalize
+
+TINY = dict(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32, dropout=0.0)
+DATA = ["--data_dir=data/x"]
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def tiny_model(seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(**TINY))
+
+
+def with_spectrum(rows: int, cols: int, singular_values: torch.Tensor, seed: int = 0):
+    """(G, U, V): G = U diag(s) V^T with random orthonormal U (rows x k) and V (cols x k), k = len(s)."""
+    gen = torch.Generator().manual_seed(seed)
+    k = len(singular_values)
+    u, _ = torch.linalg.qr(torch.randn(rows, k, generator=gen, dtype=torch.float64))
+    v, _ = torch.linalg.qr(torch.randn(cols, k, generator=gen, dtype=torch.float64))
+    return (u * singular_values) @ v.T, u, v
+
+
+def quintic(x: torch.Tensor) -> torch.Tensor:
+    """The Newton-Schulz map applied NS_STEPS times to each normalised singular value (the iteration keeps the
+    singular vectors and acts on every singular value by this polynomial)."""
+    a, b, c = NS_COEFFS
+    for _ in range(NS_STEPS):
+        x = a * x + b * x ** 3 + c * x ** 5
+    return x
+
+
+@pytest.mark.parametrize("shape", [(32, 32), (96, 32), (32, 128)])
+def test_the_update_is_u_times_the_quintic_of_the_singular_values_times_v(shape):
+    s = torch.logspace(0, -2, min(shape), dtype=torch.float64)  # condition number 100
+    g, u, v = with_spectrum(*shape, s)
+    expected = (u * quintic(s / s.norm())) @ v.T
+    torch.testing.assert_close(orthogonalize(g.float()).double(), expected, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("shape", [(64, 64), (192, 64), (64, 256), (768, 3072)])
+def test_the_orthogonalised_update_has_its_singular_values_near_1(shape):
+    # Every singular value >= 0.002 of the Frobenius norm ends in [0.68, 1.21] after 5 quintic steps (the scalar
+    # map's range over [0.002, 1] is [0.6818, 1.2024]); Gaussian gradients and a spread spectrum both qualify.
+    gen = torch.Generator().manual_seed(1)
+    gradients = [with_spectrum(*shape, torch.logspace(0, -1, min(shape), dtype=torch.float64))[0]]
+    if shape[0] != shape[1]:  # a square Gaussian has singular values near 0; a rectangular one does not
+        gradients.append(torch.randn(*shape, generator=gen, dtype=torch.float64))
+    for g in gradients:
+        assert torch.linalg.svdvals(g).min() / g.norm() >= 0.002
+        sv = torch.linalg.svdvals(orthogonalize(g.float()).double())
+        assert 0.68 <= sv.min() and sv.max() <= 1.21, (sv.min(), sv.max())
+    # and the plain Newton-Schulz limit would be exactly 1: this one stops short, on purpose (speed)
+    assert not torch.allclose(sv, torch.ones_like(sv), atol=0.05)
+
+
+def test_orthogonalisation_is_deterministic_and_keeps_dtype_and_shape():
+    g = torch.randn(48, 16)
+    first, second = orthogonalize(g), orthogonalize(g.clone())
+    assert torch.equal(first, second) and first.shape == (48, 16) and first.dtype == torch.float32
+    assert torch.equal(orthogonalize(torch.zeros(8, 4)), torch.zeros(8, 4))  # a zero gradient moves nothing
+
+
+def test_every_parameter_is_in_exactly_one_group_and_muon_has_the_hidden_matrices():
+    model = tiny_model()
+    muon, decay, no_decay = muon_groups(model, 0.1, muon_lr=0.02, adamw_lr=6e-4)
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert sorted(names[id(p)] for p in muon["params"]) == sorted(
+        f"transformer.h.{i}.{m}.weight" for i in range(2) for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc",
+                                                                    "mlp.c_proj"))
+    assert muon["muon"] and muon["lr"] == 0.02 and decay["lr"] == no_decay["lr"] == 6e-4
+    assert sorted(names[id(p)] for p in decay["params"]) == ["transformer.wpe.weight", "transformer.wte.weight"]
+    assert (decay["weight_decay"], no_decay["weight_decay"]) == (0.1, 0.0)
+    assert all(p.dim() == 1 for p in no_decay["params"])
+    listed = [id(p) for g in (muon, decay, no_decay) for p in g["params"]]
+    assert sorted(listed) == sorted(id(p) for p in model.parameters()) and len(set(listed)) == len(listed)
+    assert len(model.hidden_matrices()) == 8
+
+
+def fake_grads(params, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=gen)
+
+
+def test_the_adamw_groups_step_exactly_as_torch_adamw():
+    ours, theirs = tiny_model(), tiny_model()
+    opt = Muon(muon_groups(ours, 0.1, 0.02, 1e-3), momentum=0.95, betas=(0.9, 0.95))
+    reference = torch.optim.AdamW(theirs.optim_groups(0.1), lr=1e-3, betas=(0.9, 0.95))
+    hidden = {id(p) for p in theirs.hidden_matrices()}
+    for step in range(4):
+        fake_grads(ours.parameters(), step)
+        fake_grads(theirs.parameters(), step)
+        for group in (*opt.param_groups[1:], *reference.param_groups):
+            group["lr"] = 1e-3 * (step + 1) / 4  # a changing lr, as the schedule gives
+        opt.step()
+        reference.step()
+    for (name, a), b in zip(ours.named_parameters(), theirs.parameters()):
+        if id(b) not in hidden:
+            assert torch.equal(a, b), name
+            assert torch.equal(opt.state[a]["exp_avg_sq"], reference.state[b]["exp_avg_sq"]), name
+        else:
+            assert not torch.equal(a, b), name  # Muon's, not AdamW's
+
+
+def test_a_state_dict_round_trip_gives_identical_next_steps():
+    model = tiny_model()
+    opt = Muon(muon_groups(model, 0.1, 0.02, 1e-3), momentum=0.95)
+    for step in range(3):
+        fake_grads(model.parameters(), step)
+        opt.step()
+    buffer = io.BytesIO()
+    torch.save(opt.state_dict(), buffer)  # as a checkpoint: read back weights-only
+    restored_model = copy.deepcopy(model)
+    restored = Muon(muon_groups(restored_model, 0.1, 0.02, 1e-3), momentum=0.95)
+    restored.load_state_dict(torch.load(io.BytesIO(buffer.getvalue()), weights_only=True))
+    assert [g["muon"] for g in restored.param_groups] == [True, False, False]
+    for seed in (10, 11):
+        fake_grads(model.parameters(), seed)
+        fake_grads(restored_model.parameters(), seed)
+        opt.step()
+        restored.step()
+    for (name, a), b in zip(model.named_parameters(), restored_model.parameters()):
+        assert torch.equal(a, b), name
+
+
+def test_the_update_is_scaled_by_the_shape_and_decayed_decoupled():
+    p = nn.Parameter(torch.ones(12, 3))
+    opt = Muon([dict(params=[p], muon=True)], lr=0.1, momentum=0.0, weight_decay=0.5)
+    p.grad = torch.randn(12, 3)
+    update = orthogonalize(p.grad.clone())
+    opt.step()
+    torch.testing.assert_close(p.detach(), torch.ones(12, 3) * (1 - 0.1 * 0.5) - 0.1 * 2.0 * update)  # sqrt(12/3)
+
+
+def test_a_tiny_gpt_learns_with_muon():
+    model = tiny_model()
+    opt = Muon(muon_groups(model, 0.0, 0.02, 3e-3), momentum=0.95)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 64, (8, 16), generator=gen)
+    losses = []
+    for _ in range(30):
+        _, loss = model(x, targets=torch.roll(x, -1, dims=1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0] - 2.0, losses  # from ln(64) = 4.16 to under 2.2: it memorises the batch
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before")  # no optimizer step here
+def test_the_schedule_scales_every_group_by_the_same_factor():
+    from composer.core import State
+    from composer.devices import DeviceCPU
+    from composer.optim import CosineAnnealingWithWarmupScheduler
+    from composer.optim.scheduler import compile_composer_scheduler
+
+    model = tiny_model()
+    opt = Muon(muon_groups(model, 0.1, 0.02, 6e-4))
+    state = State(model=model, rank_zero_seed=0, run_name="x", device=DeviceCPU(), max_duration="10ba",
+                  optimizers=opt)
+    scheduler = compile_composer_scheduler(CosineAnnealingWithWarmupScheduler(t_warmup="2ba", alpha_f=0.1), state)
+    seen = []
+    for _ in range(10):
+        state.timestamp = state.timestamp.to_next_batch(samples=1, tokens=1)
+        scheduler.step()
+        seen.append([g["lr"] for g in opt.param_groups])
+    assert all(muon == pytest.approx(adamw * 0.02 / 6e-4) and adamw == no_decay for muon, adamw, no_decay in seen)
+    assert seen[1] == pytest.approx([0.02, 6e-4, 6e-4]) and seen[-1] == pytest.approx([0.002, 6e-5, 6e-5])
+
+
+def test_a_model_without_hidden_matrices_is_one_line():
+    with pytest.raises(UserError, match=r"optimizer='muon' needs Linear\.hidden_matrices\(\)"):
+        muon_groups(nn.Linear(4, 4), 0.1, 0.02, 1e-3)
+
+
+def test_muon_settings_are_checked_and_fsdp_is_refused():
+    cfg = train_config.load_config([*DATA, "--optimizer=muon", "--muon_lr=0.05", "--muon_momentum=0.9"])
+    assert (cfg.optimizer, cfg.muon_lr, cfg.muon_momentum) == ("muon", 0.05, 0.9)
+    with pytest.raises(UserError, match="optimizer must be 'adamw' or 'muon', got 'sgd'"):
+        train_config.load_config([*DATA, "--optimizer=sgd"])
+    with pytest.raises(UserError, match=r"optimizer='muon' cannot run with fsdp=True .* set fsdp=False"):
+        train_config.load_config([*DATA, "--optimizer=muon", "--fsdp=True"])
+    with pytest.raises(UserError, match=r"muon_momentum must be in \[0, 1\), got 1.0"):
+        train_config.load_config([*DATA, "--muon_momentum=1.0"])
+    with pytest.raises(UserError, match="muon_lr must be > 0"):
+        train_config.load_config([*DATA, "--muon_lr=0"])
