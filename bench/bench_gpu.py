@@ -17,7 +17,9 @@ Nothing is downloaded. The rows, in the order they run (later rows are the first
     eager-50257-fixed     the baseline: pile.py as it is (compile=False, vocab 50257, microbatch 12)
     eager-50304-fixed     vocab padded to a multiple of 64
     eager-50304-muon      eager-50304-fixed with optimizer="muon" instead of AdamW: what Muon's steps cost
+    eager-50304-modern    eager-50304-fixed with config/modern.py applied after pile.py (the architecture preset)
     compile-50304-fixed   eager-50304-fixed and torch.compile (train.py --compile=True)
+    compile-50304-modern  compile-50304-fixed with config/modern.py
     eager-50304-auto      microbatch "auto" instead of 12
     compile-50304-auto    compile + padded vocab + "auto": the fastest candidate default
     compile-50257-fixed   compile without the padding (does padding matter more once compiled?)
@@ -112,6 +114,7 @@ class Variant:
     vocab_size: int
     auto_microbatch: bool
     optimizer: str = "adamw"  # train.py's optimizer setting
+    preset: str = ""  # a config file applied after config/pile.py, e.g. "modern.py"
 
     @property
     def gpu_only(self) -> bool:
@@ -123,7 +126,9 @@ VARIANTS = (  # the baseline first, then what the recommendation needs; the budg
     Variant("eager-50257-fixed", compile=False, vocab_size=50257, auto_microbatch=False),
     Variant("eager-50304-fixed", compile=False, vocab_size=50304, auto_microbatch=False),
     Variant("eager-50304-muon", compile=False, vocab_size=50304, auto_microbatch=False, optimizer="muon"),
+    Variant("eager-50304-modern", compile=False, vocab_size=50304, auto_microbatch=False, preset="modern.py"),
     Variant("compile-50304-fixed", compile=True, vocab_size=50304, auto_microbatch=False),
+    Variant("compile-50304-modern", compile=True, vocab_size=50304, auto_microbatch=False, preset="modern.py"),
     Variant("eager-50304-auto", compile=False, vocab_size=50304, auto_microbatch=True),
     Variant("compile-50304-auto", compile=True, vocab_size=50304, auto_microbatch=True),
     Variant("compile-50257-fixed", compile=True, vocab_size=50257, auto_microbatch=False),
@@ -257,7 +262,7 @@ def run_variant(setup: Setup, v: Variant, precision: str, timeout_s: float) -> R
     cmd = [sys.executable, str(REPO / "train.py"), str(PILE), *setup.train_args(), f"--run_name={v.name}",
            f"--save_folder={run_dir}", f"--data_local={setup.work / 'cache' / v.name}", f"--compile={v.compile}",
            f"--vocab_size={v.vocab_size}", f"--device_train_microbatch_size={microbatch}", f"--precision={precision}",
-           f"--optimizer={v.optimizer}"]
+           f"--optimizer={v.optimizer}", *([str(REPO / "config" / v.preset)] if v.preset else [])]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if setup.smoke:
         env.setdefault("OMP_NUM_THREADS", "1")  # a tiny model on a shared CPU: one thread is fastest and steadiest
