@@ -68,8 +68,10 @@ from pilegpt.train.loaders import (
     data_tokenizer,
     eval_batch_size,
     eval_batches_per_rank,
+    mix_shares,
 )
 from pilegpt.train.metrics import BitsPerByte, CrossEntropyFromLoss, PerplexityFromLoss, token_bytes
+from pilegpt.train.mix import component_name, shares_line
 from pilegpt.train.muon import Muon, muon_groups
 from pilegpt.train.preemption import PREEMPTED, CheckpointClock, StopOnSignal
 from pilegpt.train.report import PLOT, REPORT, write_report
@@ -304,15 +306,21 @@ def build_trainer(cfg: TrainConfig, model: ComposerGPT, folder: RunFolder, world
 
 def build_data(cfg: TrainConfig, model: ComposerGPT, world: World,
                device: str) -> tuple[DataSpec, Optional[list[Evaluator]]]:
-    """The training batches, and an evaluator for the data's val split and each named eval_data set."""
+    """The training batches, and an evaluator for the data's val split, each data_mix root's val split (named by its
+    folder: mix.component_name) and each named eval_data set."""
     pin = device == "gpu"
     train_data, val_data = build_dataloaders(cfg, world.size, world.rank, pin_memory=pin)
     eval_sets = {"val": val_data} if val_data is not None else {}
+    for root in cfg.data_mix:  # per component: pile_cc_loss, pile_cc_bpb, ...
+        spec = build_eval_loader(cfg, root, world.size, world.rank, pin_memory=pin, required=False)
+        eval_sets.update({component_name(root): spec} if spec is not None else {})
     eval_sets.update({label: build_eval_loader(cfg, location, world.size, world.rank, pin_memory=pin)
                       for label, location in cfg.eval_data.items()})  # named sets: owt_loss, owt_bpb, ...
     evaluators = [Evaluator(label=label, dataloader=spec, metric_names=list(model.eval_metrics),
                             subset_num_batches=eval_batches_per_rank(cfg, spec, world.size))  # a global amount
                   for label, spec in eval_sets.items()] or None
+    if world.rank == 0 and cfg.data_mix:
+        print(shares_line(mix_shares(cfg, train_data.dataloader.dataset)), flush=True)
     if val_data is None and world.rank == 0:
         print("no validation split in the data: training without evaluation on it", flush=True)
     return train_data, evaluators
@@ -411,8 +419,9 @@ def fit_and_report(trainer: Trainer, out: Outputs, cfg: TrainConfig, folder: Run
     return 0
 
 
-def run_info(cfg: TrainConfig, world_size: int, device: str, precision: str) -> dict:
-    """What produced the run (config.json): the settings, the machine, the library versions, the commit."""
+def run_info(cfg: TrainConfig, world_size: int, device: str, precision: str, data_mix: Optional[dict] = None) -> dict:
+    """What produced the run (config.json): the settings, the machine, the library versions, the commit; with a
+    data_mix, each component's realised share of an epoch (loaders.mix_shares)."""
     import composer
     import streaming
     try:
@@ -424,7 +433,7 @@ def run_info(cfg: TrainConfig, world_size: int, device: str, precision: str) -> 
             "gpu": torch.cuda.get_device_name(0) if device == "gpu" else None, "git_commit": commit,
             "python": platform.python_version(), "torch": torch.__version__, "composer": composer.__version__,
             "streaming": streaming.__version__, "numpy": np.__version__, "host": platform.node(),
-            "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+            "started": time.strftime("%Y-%m-%d %H:%M:%S"), **({"data_mix": data_mix} if data_mix else {})}
 
 
 def write_run_info(trainer: Trainer, cfg: TrainConfig, folder: RunFolder, world: World, device: str,
@@ -432,7 +441,9 @@ def write_run_info(trainer: Trainer, cfg: TrainConfig, folder: RunFolder, world:
     """config.json beside the checkpoints (rank 0), and every setting to the trackers (W&B, MLflow, TensorBoard)."""
     if world.rank == 0:
         path = os.path.join(folder.run_dir, CONFIG_JSON)
-        atomic_write_text(path, mask_secrets(json.dumps(run_info(cfg, world.size, device, precision), indent=2)) + "\n")
+        shares = mix_shares(cfg, trainer.state.train_dataloader.dataset)
+        info = run_info(cfg, world.size, device, precision, shares)
+        atomic_write_text(path, mask_secrets(json.dumps(info, indent=2)) + "\n")
         if folder.remote:
             trainer.logger.upload_file(folder.remote_name(CONFIG_JSON), path, overwrite=True)
     trainer.logger.log_hyperparameters(dataclasses.asdict(cfg))

@@ -26,6 +26,7 @@ from pilegpt.common import UserError
 ARCH_FIELDS = ("pos_emb", "rope_theta", "norm", "mlp", "n_kv_head", "qk_norm", "tie_embeddings", "logit_softcap")
 SHAPE_FIELDS = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "bias", *ARCH_FIELDS)
 CUSTOM_MODEL_FIELDS = ("model_class", "model_args")  # your own model instead of the GPT (custom_model.py)
+DATA_KEYS = ("data_dir", "data_remote", "data_mix")  # three ways to name the data: one per run
 
 
 @dataclass
@@ -52,6 +53,7 @@ class TrainConfig:
     # data
     data_dir: Optional[str] = None  # local folder: prepare_data's train.bin/val.bin, or MDS train/ and val/
     data_remote: Union[str, list[str], None] = None  # MDS root with train/ (+ val/), local or s3://; a list: streams
+    data_mix: dict = field(default_factory=dict)  # instead of data_dir: {ROOT: {"repeat": 2.0}, ...} mixed by weight
     data_local: str = "data/mds_cache"  # local cache of remote MDS shards (one subfolder per root and split)
     data_format: str = "auto"  # "auto" (look inside data_dir), "bin" or "mds"
     num_workers: int = 0  # DataLoader worker processes per rank (0 = load in the training process)
@@ -149,9 +151,19 @@ class TrainConfig:
         errors = []
         if self.data_format not in ("auto", "bin", "mds"):
             errors.append(f"data_format must be 'auto', 'bin' or 'mds', got {self.data_format!r}")
-        if self.data_dir is None and self.data_remote is None:
-            errors.append("no data: set data_dir (a prepare_data or to_mds folder) or data_remote (MDS, local or "
-                          "s3://)")
+        if self.data_mix:
+            from pilegpt.train.mix import check_mix, component_name
+
+            errors += check_mix(self.data_mix)
+            if self.data_dir is not None or self.data_remote is not None:
+                errors.append("data_mix names the data: pass --data_dir=None and --data_remote=None (or drop "
+                              "data_mix)")
+            taken = set(self.eval_data) & {component_name(r) for r in self.data_mix if isinstance(r, str) and r}
+            if taken:
+                errors.append(f"eval_data: {sorted(taken)} are data_mix roots' eval set names: choose others")
+        elif self.data_dir is None and self.data_remote is None:
+            errors.append("no data: set data_dir (a prepare_data or to_mds folder), data_remote (MDS, local or "
+                          "s3://) or data_mix (components by weight)")
         if self.data_dir is not None and self.data_remote is not None:
             errors.append(f"both data_dir ({self.data_dir}) and data_remote are set: pass --data_remote=None "
                           "or --data_dir=None")
@@ -263,7 +275,8 @@ class TrainConfig:
         if storage.scheme(self.save_folder) not in ("", "s3"):
             errors.append(f"save_folder={self.save_folder!r}: a local folder or s3://bucket/prefix (any "
                           "S3-compatible store through AWS_ENDPOINT_URL); other stores are not supported")
-        remotes = [self.data_remote] if isinstance(self.data_remote, str) else self.data_remote or []
+        remotes = [self.data_remote] if isinstance(self.data_remote, str) else list(self.data_remote or [])
+        remotes += [r for r in self.data_mix if isinstance(r, str)]
         for root in remotes:  # Streaming reads a remote root with urlparse too
             if storage.is_remote(root) and storage.read_as_url_elsewhere(root):
                 errors.append(f"data_remote {root!r}: Streaming reads it as a URL, where '#', '?' and ';' end the "
@@ -451,10 +464,11 @@ def config_values(argv: Sequence[str]) -> dict[str, Any]:
         source = _values_of(arg, types_)
         if not arg.startswith("--"):
             files.append(arg)
-        # data_dir and data_remote are two ways to name the data: setting one replaces the other
-        for key, other in (("data_dir", "data_remote"), ("data_remote", "data_dir")):
-            if key in source and other not in source:
-                values.pop(other, None)
+        # data_dir, data_remote and data_mix are three ways to name the data: setting one replaces the others
+        for key in DATA_KEYS:
+            if key in source and not any(k in source for k in DATA_KEYS if k != key):
+                for other in DATA_KEYS:
+                    values.pop(other, None)
         values.update(source)
     if values.get("run_name") is None and files:
         values["run_name"] = Path(files[-1]).stem

@@ -54,19 +54,26 @@ def describe(cfg) -> dict:
       pieces (a rewrite of a few tokens in between) is not seen.
     - MDS: per root, in order, per split: the sha256 of the shard list its index.json gives (every shard's name,
       size and the hashes to_mds stored), which changes with any rebuilt shard."""
-    if cfg.data_remote is None and loaders.detect_format(cfg.data_dir, cfg.data_format) == "bin":
-        folder = Path(cfg.data_dir)
-        meta = Meta.read(folder) if (folder / META_NAME).is_file() else nanogpt_meta(folder)
-        return {"format": "bin", "tokenizer": meta.tokenizer, "vocab_size": meta.vocab_size,
-                "eot_token": meta.eot_token, "dtype": meta.dtype,
-                "splits": {s: {"file": meta.splits[s].file, "tokens": meta.token_count(folder, s),
-                               "fingerprint": fingerprint(folder / meta.splits[s].file)}
-                           for s in SPLITS if s in meta.splits}}
+    if loaders.data_format_of(cfg) == "bin" and not cfg.data_mix:
+        return describe_bin(Path(cfg.data_dir))
+    if cfg.data_mix and loaders.data_format_of(cfg) == "bin":  # per root, in order: its weight and its data
+        return {"format": "bin_mix", "roots": [{"root": root, "weight": weight, **describe_bin(Path(root))}
+                                               for root, weight in cfg.data_mix.items()]}
     indexes = loaders.read_mds_indexes(cfg)
     return {"format": "mds", "roots": [
         {"root": root, **{s: index_digest(indexes[s][k]) if indexes[s] and indexes[s][k] is not None else None
-                          for s in SPLITS}}
+                          for s in SPLITS}, **({"weight": cfg.data_mix[root]} if cfg.data_mix else {})}
         for k, root in enumerate(loaders.mds_roots(cfg))]}
+
+
+def describe_bin(folder: Path) -> dict:
+    """The record of one .bin folder (describe's rules)."""
+    meta = Meta.read(folder) if (folder / META_NAME).is_file() else nanogpt_meta(folder)
+    return {"format": "bin", "tokenizer": meta.tokenizer, "vocab_size": meta.vocab_size,
+            "eot_token": meta.eot_token, "dtype": meta.dtype,
+            "splits": {s: {"file": meta.splits[s].file, "tokens": meta.token_count(folder, s),
+                           "fingerprint": fingerprint(folder / meta.splits[s].file)}
+                       for s in SPLITS if s in meta.splits}}
 
 
 def differences(saved: dict, now: dict) -> list[str]:
@@ -81,16 +88,22 @@ def differences(saved: dict, now: dict) -> list[str]:
                         if (change := split_change(split, was.get(split), now["splits"].get(split)))]
     was_roots, new_roots = saved.get("roots", []), now["roots"]
     if len(was_roots) != len(new_roots):
-        return [f"{len(new_roots)} MDS roots (the run had {len(was_roots)})"]
-    return [f"{new['root']}/{split}/index.json lists other shards" for was, new in zip(was_roots, new_roots)
-            for split in SPLITS if was.get(split) != new[split]]
+        return [f"{len(new_roots)} {'MDS roots' if now['format'] == 'mds' else 'data_mix roots'} (the run had "
+                f"{len(was_roots)})"]
+    found = [f"{new['root']}: weight {new['weight']} (the run had {was.get('weight')})"
+             for was, new in zip(was_roots, new_roots) if "weight" in new and was.get("weight") != new["weight"]]
+    if now["format"] == "bin_mix":
+        return found + [f"{new['root']}: {change}" for was, new in zip(was_roots, new_roots)
+                        for change in differences({**was, "format": "bin"}, {**new, "format": "bin"})]
+    return found + [f"{new['root']}/{split}/index.json lists other shards" for was, new in zip(was_roots, new_roots)
+                    for split in SPLITS if was.get(split) != new[split]]
 
 
 def damage(saved) -> Optional[str]:
     """What is missing from a data.json that train.py wrote, or None when it is whole: a record with a field gone
     (an edit, a cut file) is damaged, not a record of other data."""
-    if not isinstance(saved, dict) or saved.get("format") not in ("bin", "mds"):
-        return "not a data record (no format 'bin' or 'mds')"
+    if not isinstance(saved, dict) or saved.get("format") not in ("bin", "mds", "bin_mix"):
+        return "not a data record (no format 'bin', 'mds' or 'bin_mix')"
     if saved["format"] == "bin":
         missing = [k for k in ("tokenizer", "vocab_size", "eot_token", "dtype", "splits") if k not in saved]
         splits = saved.get("splits")
@@ -101,6 +114,8 @@ def damage(saved) -> Optional[str]:
         roots = saved.get("roots")
         missing = [] if isinstance(roots, list) and all(isinstance(r, dict) and "root" in r for r in roots) \
             else ["roots"]
+        if not missing and saved["format"] == "bin_mix":
+            missing = [f"{r['root']}: {d}" for r in roots if (d := damage({**r, "format": "bin"}))]
     return f"{', '.join(missing)} missing" if missing else None
 
 

@@ -12,7 +12,7 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -32,6 +32,7 @@ from pilegpt.data import (
     read_windows,
     validation_hash,
 )
+from pilegpt.train.mix import realised_shares, sample_counts
 
 
 class BinDataset:
@@ -68,6 +69,27 @@ class BinDataset:
         self.resume_samples = int(state["sample_in_epoch"])
 
 
+class MixedBins:
+    """The windows of several BinDatasets (a data_mix's components) laid end to end as one map-style dataset: item i
+    is item i - start_k of component k. `order` (mix.MixedOrder) is the mix's epoch; the resume state is BinDataset's.
+    """
+
+    def __init__(self, parts: list[BinDataset], order):
+        self.parts, self.order = parts, order
+        self.starts = np.cumsum([0] + [len(p) for p in parts])
+        self.resume_samples = 0
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def __getitem__(self, i: int) -> dict:
+        k = int(np.searchsorted(self.starts, i, side="right")) - 1
+        return self.parts[k][i - int(self.starts[k])]
+
+    state_dict = BinDataset.state_dict
+    load_state_dict = BinDataset.load_state_dict
+
+
 def _mix(x: np.ndarray, key: int) -> np.ndarray:
     """A 64-bit hash of each x (splitmix64's finalizer over x + key): the round function of the permutation."""
     with np.errstate(over="ignore"):
@@ -98,12 +120,13 @@ def permute(positions: np.ndarray, n: int, key: int) -> np.ndarray:
     return x.astype(np.int64)
 
 
-def resumable_sampler(dataset: BinDataset, world_size: int, rank: int, seed: int):
+def resumable_sampler(dataset, world_size: int, rank: int, seed: int, order=None):
     """The training order of a BinDataset: a new shuffle every epoch, each window once per epoch, ranks
     disjoint (rank r takes every world_size-th position), and an exact resume mid-epoch. Positions map to windows
     through `permute`, in chunks as the DataLoader asks, so memory and start-up do not grow with the dataset; the
     order is a function of (seed, epoch) only, so on resume (BinDataset.load_state_dict) skipping each rank's
-    first sample_in_epoch / world_size positions restores the exact data position."""
+    first sample_in_epoch / world_size positions restores the exact data position. `order` (mix.MixedOrder) maps
+    positions to a mix's windows instead: an epoch is then len(order) samples."""
     from torch.utils.data import DistributedSampler
 
     class PermutationSampler(DistributedSampler):
@@ -115,9 +138,40 @@ def resumable_sampler(dataset: BinDataset, world_size: int, rank: int, seed: int
             n, key = len(self.dataset), (self.seed << 20) + self.epoch
             for start in range(skip, self.num_samples, self.chunk):
                 j = np.arange(start, min(start + self.chunk, self.num_samples), dtype=np.int64)
-                yield from permute(j * self.num_replicas + self.rank, n, key).tolist()
+                positions = j * self.num_replicas + self.rank
+                yield from (permute(positions, n, key) if order is None else order(positions, key)).tolist()
 
-    return PermutationSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True)
+    sampler = PermutationSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True)
+    if order is not None:  # an epoch of the mix, not of the windows laid end to end
+        sampler.num_samples = len(order) // world_size
+        sampler.total_size = sampler.num_samples * world_size
+    return sampler
+
+
+class MixedOrder:
+    """The order of one epoch of a .bin mix: position p of the epoch -> (component k, window w) as an index into the
+    components' windows laid end to end. An epoch holds counts[k] slots of component k; a keyed permutation
+    (loaders.permute) of all slots interleaves them, and slot t of component k reads window
+    permute(t mod size_k) of it: whole repeats read every window, a fractional or partial one a keyed choice."""
+
+    def __init__(self, counts: Sequence[int], sizes: Sequence[int]):
+        self.counts, self.sizes = np.asarray(counts, np.int64), np.asarray(sizes, np.int64)
+        self.slot_starts = np.concatenate([[0], np.cumsum(self.counts)])
+        self.window_starts = np.concatenate([[0], np.cumsum(self.sizes)])
+
+    def __len__(self) -> int:
+        return int(self.slot_starts[-1])
+
+    def __call__(self, positions: np.ndarray, key: int) -> np.ndarray:
+        slots = permute(positions, len(self), key)
+        k = np.searchsorted(self.slot_starts, slots, side="right") - 1
+        out = np.empty_like(slots)
+        for c in np.unique(k):
+            here = k == c
+            t = (slots[here] - self.slot_starts[c]) % self.sizes[c]
+            # a key of its own per component (key < 2**40 for any seed < 2**20 and epoch < 2**20)
+            out[here] = self.window_starts[c] + permute(t, int(self.sizes[c]), key + ((int(c) + 1) << 40))
+        return out
 
 
 def collate_mds(samples: list[dict], vocab_size: Optional[int] = None) -> dict:
@@ -169,6 +223,8 @@ def bin_split(data_dir: str, meta: Meta, split: str, block_size: int) -> Optiona
 
 
 def mds_roots(cfg) -> list[str]:
+    if cfg.data_mix:
+        return list(cfg.data_mix)
     if cfg.data_remote is None:
         return [cfg.data_dir]
     return [cfg.data_remote] if isinstance(cfg.data_remote, str) else list(cfg.data_remote)
@@ -227,11 +283,12 @@ def read_mds_indexes(cfg) -> dict[str, Optional[list[Optional[bytes]]]]:
     return {split: split_indexes(cfg, split) for split in SPLITS}
 
 
-def mds_split(cfg, split: str, batch_size: int, shuffle: bool):
+def mds_split(cfg, split: str, batch_size: int, shuffle: bool, weighted: bool = False):
     """A StreamingDataset over split/ of every MDS root (several roots: several streams), or None. Every root,
     local or remote, is read through a cache under data_local (Streaming decompresses shards where it reads them,
     and a dataset folder must stay as to_mds wrote it); shard names are checked first (split_indexes), checksums
-    as shards enter the cache (xxh64 when the index has it), so a corrupt shard is refused."""
+    as shards enter the cache (xxh64 when the index has it), so a corrupt shard is refused. weighted: each root's
+    data_mix weight goes to its Stream (proportion=, repeat= or choose=)."""
     from streaming import Stream
 
     from pilegpt.train.mds_reader import CheckedStreamingDataset
@@ -248,7 +305,8 @@ def mds_split(cfg, split: str, batch_size: int, shuffle: bool):
             raise UserError(f"{root}/{split} was made with a vocabulary of {vocab} tokens but vocab_size is "
                             f"{cfg.vocab_size}: pass --vocab_size={vocab}")
         streams.append(Stream(remote=storage.join(root, split), local=mds_cache_dir(cfg.data_local, root, split),
-                              validate_hash=validation_hash(index) if index is not None else None))
+                              validate_hash=validation_hash(index) if index is not None else None,
+                              **(cfg.data_mix.get(root, {}) if weighted else {})))
     try:
         return CheckedStreamingDataset(streams=streams, batch_size=batch_size, shuffle=shuffle, shuffle_seed=cfg.seed,
                                        num_canonical_nodes=cfg.num_canonical_nodes)  # None: Streaming's default
@@ -270,48 +328,124 @@ def check_sample_length(dataset, block_size: int, what: str) -> None:
                         f"--block_size={length} or re-run to_mds.py --block-size {block_size}")
 
 
-def build_dataloaders(cfg, world_size: int, rank: int, pin_memory: bool):
-    """(train DataSpec, val DataSpec or None) for this rank, from a TrainConfig's data and batch settings."""
+def data_format_of(cfg) -> str:
+    """"bin" or "mds": what a TrainConfig's data is (data_mix: every root of one format, else a one-line error)."""
+    if not cfg.data_mix:
+        return "bin" if cfg.data_remote is None and detect_format(cfg.data_dir, cfg.data_format) == "bin" else "mds"
+    found = {}
+    for root in cfg.data_mix:
+        if not storage.is_remote(root) and not Path(root).is_dir():
+            raise UserError(f"data_mix: {root} not found: make it with prepare_data.py (.bin) or to_mds.py (MDS), "
+                            "or drop it from data_mix")
+        found.setdefault("mds" if storage.is_remote(root) else detect_format(root, cfg.data_format), root)
+    if len(found) > 1:
+        raise UserError(f"data_mix: {found['bin']} is .bin but {found['mds']} is MDS: one format per run (to_mds.py "
+                        "makes MDS of a .bin folder)")
+    return next(iter(found))
+
+
+def bin_roots(cfg) -> list[str]:
+    return list(cfg.data_mix) if cfg.data_mix else [cfg.data_dir]
+
+
+def bin_train_set(cfg, rank: int):
+    """(the train dataset, its order): one BinDataset (order None: permute its windows), or the MixedBins of a
+    data_mix with its MixedOrder (each root's samples per epoch from its weight: mix.sample_counts)."""
+    parts, tokenizers = [], {}
+    for root in bin_roots(cfg):
+        meta = read_meta(root, cfg.vocab_size, rank)
+        part = bin_split(root, meta, "train", cfg.block_size)
+        if part is None:
+            raise UserError(f"{Path(root) / META_NAME} lists no train split: run prepare_data.py")
+        parts.append(part)
+        tokenizers.setdefault(meta.tokenizer, root)
+    if len(tokenizers) > 1:
+        raise UserError(f"data_mix: {' and '.join(f'{r} ({t})' for t, r in tokenizers.items())} were made with "
+                        "different tokenizers: prepare every component with the same one")
+    if not cfg.data_mix:
+        return parts[0], None
+    order = MixedOrder(sample_counts(list(cfg.data_mix.values()), [len(p) for p in parts]), [len(p) for p in parts])
+    return MixedBins(parts, order), order
+
+
+def bin_val_set(cfg, rank: int):
+    """The val split of the .bin data (data_mix: every root's val windows, each once, in a keyed order fixed by the
+    seed, so that eval_subset_num_batches reads from every root in proportion to its val split), or None."""
+    from torch.utils.data import Subset
+
+    parts = [bin_split(r, read_meta(r, cfg.vocab_size, rank), "val", cfg.block_size) for r in bin_roots(cfg)]
+    parts = [p for p in parts if p is not None]
+    if not cfg.data_mix or not parts:
+        return eval_subset(parts[0], cfg) if parts else None
+    mixed = MixedBins(parts, None)
+    n = len(mixed) if cfg.eval_subset_num_batches < 0 else min(len(mixed), cfg.eval_subset_num_batches
+                                                                 * eval_batch_size(cfg))
+    return Subset(mixed, permute(np.arange(n, dtype=np.int64), len(mixed), cfg.seed << 20).tolist())
+
+
+def bin_loaders(cfg, world_size: int, rank: int, loader_args: dict):
+    """(train DataLoader, val DataLoader or None) of .bin data: the keyed shuffle of resumable_sampler."""
     from composer.utils import dist
     from torch.utils.data import DataLoader
 
-    per_rank = cfg.per_rank_batch(world_size)
-    eval_bs = eval_batch_size(cfg)
+    train_set, order = bin_train_set(cfg, rank)
+    epoch = len(order) if order is not None else len(train_set)
+    if epoch < cfg.global_batch_size:
+        raise UserError(f"the train data has {epoch} samples of {cfg.block_size} tokens per epoch, fewer than one "
+                        f"global batch ({cfg.global_batch_size}): lower --global_batch_size or --block_size")
+    sampler = resumable_sampler(train_set, world_size, rank, cfg.seed, order)
+    train = DataLoader(train_set, batch_size=cfg.per_rank_batch(world_size), sampler=sampler, drop_last=True,
+                       **loader_args)
+    val_set = bin_val_set(cfg, rank)
+    if val_set is None:
+        return train, None
+    val_sampler = dist.get_sampler(val_set, shuffle=False, drop_last=False)
+    return train, DataLoader(val_set, batch_size=eval_batch_size(cfg), sampler=val_sampler, **loader_args)
+
+
+def mds_loaders(cfg, world_size: int, loader_args: dict):
+    """(train DataLoader, val DataLoader or None) of MDS data, through Streaming (data_mix: weighted streams)."""
+    from torch.utils.data import DataLoader
+
+    per_rank, eval_bs = cfg.per_rank_batch(world_size), eval_batch_size(cfg)
+    compat.clean_stale_shared_memory()  # shared memory left by a crashed run breaks the next one
+    check_writable_folder(cfg.data_local, "data_local", "pass another --data_local (the local MDS cache)")
+    read_mds_indexes(cfg)  # every shard name of every split checked before Streaming starts
+    train_set = mds_split(cfg, "train", per_rank, shuffle=True, weighted=True)
+    if train_set is None:
+        raise UserError(f"no MDS train split: expected train/{INDEX_NAME} under {mds_roots(cfg)} "
+                        f"(to_mds.py --out ROOT writes ROOT/train)")
+    check_sample_length(train_set, cfg.block_size, f"MDS {mds_roots(cfg)}")
+    if train_set.epoch_size < cfg.global_batch_size:  # Streaming would then yield no batch at all (or hang)
+        raise UserError(f"the MDS train split of {mds_roots(cfg)} has {train_set.epoch_size} samples of "
+                        f"{cfg.block_size} tokens, fewer than one global batch ({cfg.global_batch_size}): lower "
+                        "--global_batch_size or use more data")
+    collate = functools.partial(collate_mds, vocab_size=cfg.vocab_size)
+    train = DataLoader(train_set, batch_size=per_rank, collate_fn=collate, drop_last=True, **loader_args)
+    val_set = mds_split(cfg, "val", eval_bs, shuffle=False)
+    return train, None if val_set is None else DataLoader(val_set, batch_size=eval_bs, collate_fn=collate,
+                                                           **loader_args)
+
+
+def build_dataloaders(cfg, world_size: int, rank: int, pin_memory: bool):
+    """(train DataSpec, val DataSpec or None) for this rank, from a TrainConfig's data and batch settings."""
     loader_args = dict(num_workers=cfg.num_workers, pin_memory=pin_memory, persistent_workers=cfg.num_workers > 0)
-    if cfg.data_remote is None and detect_format(cfg.data_dir, cfg.data_format) == "bin":
-        meta = read_meta(cfg.data_dir, cfg.vocab_size, rank)
-        train_set = bin_split(cfg.data_dir, meta, "train", cfg.block_size)
-        val_set = bin_split(cfg.data_dir, meta, "val", cfg.block_size)
-        if train_set is None:
-            raise UserError(f"{Path(cfg.data_dir) / META_NAME} lists no train split: run prepare_data.py")
-        if len(train_set) < cfg.global_batch_size:
-            raise UserError(f"train.bin has {len(train_set)} samples of {cfg.block_size} tokens, fewer than one "
-                            f"global batch ({cfg.global_batch_size}): lower --global_batch_size or --block_size")
-        sampler = resumable_sampler(train_set, world_size, rank, cfg.seed)
-        train = DataLoader(train_set, batch_size=per_rank, sampler=sampler, drop_last=True, **loader_args)
-        val = None
-        if val_set is not None:
-            val_set = eval_subset(val_set, cfg)
-            val_sampler = dist.get_sampler(val_set, shuffle=False, drop_last=False)
-            val = DataLoader(val_set, batch_size=eval_bs, sampler=val_sampler, **loader_args)
+    if data_format_of(cfg) == "bin":
+        train, val = bin_loaders(cfg, world_size, rank, loader_args)
     else:
-        compat.clean_stale_shared_memory()  # shared memory left by a crashed run breaks the next one
-        check_writable_folder(cfg.data_local, "data_local", "pass another --data_local (the local MDS cache)")
-        read_mds_indexes(cfg)  # every shard name of every split checked before Streaming starts
-        train_set = mds_split(cfg, "train", per_rank, shuffle=True)
-        if train_set is None:
-            raise UserError(f"no MDS train split: expected train/{INDEX_NAME} under {mds_roots(cfg)} "
-                            f"(to_mds.py --out ROOT writes ROOT/train)")
-        check_sample_length(train_set, cfg.block_size, f"MDS {mds_roots(cfg)}")
-        if train_set.epoch_size < cfg.global_batch_size:  # Streaming would then yield no batch at all (or hang)
-            raise UserError(f"the MDS train split of {mds_roots(cfg)} has {train_set.epoch_size} samples of "
-                            f"{cfg.block_size} tokens, fewer than one global batch ({cfg.global_batch_size}): lower "
-                            "--global_batch_size or use more data")
-        collate = functools.partial(collate_mds, vocab_size=cfg.vocab_size)
-        train = DataLoader(train_set, batch_size=per_rank, collate_fn=collate, drop_last=True, **loader_args)
-        val_set = mds_split(cfg, "val", eval_bs, shuffle=False)
-        val = None if val_set is None else DataLoader(val_set, batch_size=eval_bs, collate_fn=collate, **loader_args)
+        train, val = mds_loaders(cfg, world_size, loader_args)
     return data_spec(train), (data_spec(val) if val is not None else None)
+
+
+def mix_shares(cfg, train_set) -> dict[str, dict]:
+    """The realised share of each data_mix component in one epoch of the train dataset built for it ({} without a
+    mix): a MixedBins' counts, or the samples Streaming chose per stream (Stream.choose, after its weighting)."""
+    if not cfg.data_mix:
+        return {}
+    if isinstance(train_set, MixedBins):
+        return realised_shares(cfg.data_mix, train_set.order.counts.tolist(), train_set.order.sizes.tolist())
+    return realised_shares(cfg.data_mix, [int(s.choose) for s in train_set.streams],
+                           [int(n) for n in train_set.samples_per_stream])
 
 
 def data_spec(loader):
@@ -366,21 +500,22 @@ def read_meta(data_dir: str, vocab_size: int, rank: int) -> Meta:
 
 def data_tokenizer(cfg) -> str:
     """The tokenizer the training data was made with (meta.json, or to_mds.json for MDS); "gpt2" when unrecorded."""
-    if cfg.data_remote is None and detect_format(cfg.data_dir, cfg.data_format) == "bin":
-        return read_meta(cfg.data_dir, cfg.vocab_size, rank=-1).tokenizer
+    if data_format_of(cfg) == "bin":
+        return read_meta(bin_roots(cfg)[0], cfg.vocab_size, rank=-1).tokenizer
     made = read_split_file(mds_roots(cfg)[0], "train", TO_MDS_META)
     return (json.loads(made).get("tokenizer") if made else None) or "gpt2"
 
 
-def build_eval_loader(cfg, location: str, world_size: int, rank: int, pin_memory: bool):
+def build_eval_loader(cfg, location: str, world_size: int, rank: int, pin_memory: bool, required: bool = True):
     """The val split of another dataset (a prepare_data folder, or an MDS root, local or s3://) as a DataSpec:
-    train.py's named evaluation sets (eval_data), read as train.py reads its own val split."""
+    train.py's named evaluation sets (eval_data, and each data_mix root's), read as train.py reads its own val split.
+    Without one: a UserError, or None when not `required`."""
     from composer.utils import dist
     from torch.utils.data import DataLoader
 
     local = not storage.is_remote(location)
     other = dataclasses.replace(cfg, data_dir=location if local else None, data_remote=None if local else location,
-                                data_format="auto")
+                                data_format="auto", data_mix={})
     loader_args = dict(num_workers=cfg.num_workers, pin_memory=pin_memory, persistent_workers=cfg.num_workers > 0)
     eval_bs = eval_batch_size(cfg)
     if local and detect_format(location, "auto") == "bin":
@@ -390,6 +525,8 @@ def build_eval_loader(cfg, location: str, world_size: int, rank: int, pin_memory
     else:
         val_set = mds_split(other, "val", eval_bs, shuffle=False)
         how = dict(collate_fn=functools.partial(collate_mds, vocab_size=cfg.vocab_size))
+    if val_set is None and not required:
+        return None
     if val_set is None:
         raise UserError(f"eval_data: {location} has no val split (val.bin from prepare_data.py, or val/ from "
                         "to_mds.py): make one, or drop it from eval_data")

@@ -181,6 +181,7 @@ def render(info: dict, metrics: Metrics, results: dict[str, dict], sources: dict
     lines += [f"| {k} | `{v!r}` | `{d!r}` |" for k, v, d in changed_settings(config)]
     lines += ["", "## Environment", "", "| | version |", "|---|---|"]
     lines += [f"| {k} | {info.get(k)} |" for k in ("python", "torch", "composer", "streaming", "numpy")]
+    lines += mix_lines(info.get("data_mix"))
     lines += ["", f"## Training (source: `{sources['metrics']}`)", ""] + training_lines(metrics)
     lines += ["", "## HellaSwag", ""] + hellaswag_lines(config, metrics, results, sources)
     if plot:
@@ -213,6 +214,22 @@ def training_lines(metrics: Metrics) -> list[str]:
             loss, batch = figures.get("loss", (float("nan"), "-"))
             bpb = figures.get("bpb", (float("nan"), ""))[0]
             lines.append(f"| {label} | {loss:.4f} | {bpb:.4f} | {batch} |")
+    return lines
+
+
+def mix_lines(shares) -> list[str]:
+    """The data mix's table (config.json's data_mix: train.py's realised shares), or nothing without a mix."""
+    if not isinstance(shares, dict) or not shares:
+        return []
+    lines = ["", "## Data mix", "", "Each component's share of the tokens of one epoch (its per-component loss and "
+             "bits per byte: the eval set of its name below).", "",
+             "| component | weight | samples in its train split | samples per epoch | share of an epoch's tokens |",
+             "|---|---|---|---|---|"]
+    for name, s in shares.items():
+        if isinstance(s, dict):
+            weight = ", ".join(f"{k} {v}" for k, v in s.get("weight", {}).items())
+            lines.append(f"| {name} | {weight} | {s.get('size', 0):,} | {s.get('samples', 0):,} | "
+                         f"{100 * s.get('share', 0):.2f}% |")
     return lines
 
 

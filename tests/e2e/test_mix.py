@@ -1,0 +1,128 @@
+"""train.py with data_mix end to end on CPU: a two-component .bin mix of the shipped fixtures (tiny Shakespeare and
+the Pile sample) reports each component's loss and bpb (metrics, report.md) and its realised share, resumes loss
+for loss after a kill and on 2 processes; an MDS mix's shares are Streaming's; the refusals are one line. Its
+parts: tests/unit/test_mix.py."""
+
+import io
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import train
+from e2e.test_train import assert_resumed_where_it_stopped, callbacks, simulate_crash_after
+from helpers import (
+    REPO,
+    SMALL,
+    expected_tokens,
+    losses_by_batch,
+    main_error,
+    read_jsonl,
+    run_train,
+    succeeded,
+    train_main,
+    write_bin,
+    write_mds_splits,
+)
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def pile_sample_texts(name: str) -> list[str]:
+    import zstandard
+
+    with open(REPO / "tests" / "fixtures" / "pile_sample" / name, "rb") as f:
+        reader = io.TextIOWrapper(zstandard.ZstdDecompressor().stream_reader(f), encoding="utf-8")
+        return [json.loads(line)["text"] for line in reader if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def mixed_run(tmp_path_factory, shakespeare_tokens):
+    """One 6-batch run on {shakespeare: repeat 1, owt2: repeat 3} (the Pile sample is small: 3 epochs of it),
+    checkpoints at 3 and 6, evaluations at 3 and 6, batch fingerprints logged. Returns (args, working folder, output).
+    """
+    tmp = tmp_path_factory.mktemp("mix")
+    write_bin(tmp / "data" / "shakespeare", shakespeare_tokens[:12_000])
+    write_bin(tmp / "data" / "owt2", {"train": expected_tokens(pile_sample_texts("train_00_head.jsonl.zst")),
+                                      "val": expected_tokens(pile_sample_texts("val.jsonl.zst"))})
+    mix = {str(tmp / "data" / "shakespeare"): {"repeat": 1.0}, str(tmp / "data" / "owt2"): {"repeat": 3.0}}
+    args = [*SMALL, f"--data_mix={mix!r}", "--global_batch_size=8", "--min_lr=3e-3", "--max_duration=6ba",
+            "--save_interval=3ba", "--eval_interval=3ba", "--eval_subset_num_batches=2", "--progress_bar=False",
+            "--sample_length=0", "--device=cpu", "--run_name=mix", f"--save_folder={tmp / 'run'}",
+            callbacks(tmp / "run")]
+    import contextlib
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        train_main(args)
+    return args, tmp, out.getvalue()
+
+
+def test_a_mixed_run_reports_each_components_share_loss_and_bpb(mixed_run):
+    args, tmp, out = mixed_run
+    info = json.loads((tmp / "run" / "config.json").read_text())
+    shares = info["data_mix"]
+    sizes = {name: s["size"] for name, s in shares.items()}
+    assert {name: s["samples"] for name, s in shares.items()} == {"shakespeare": sizes["shakespeare"],
+                                                                    "owt2": 3 * sizes["owt2"]}
+    total = sizes["shakespeare"] + 3 * sizes["owt2"]
+    assert shares["owt2"]["share"] == pytest.approx(3 * sizes["owt2"] / total, abs=0)
+    assert f"data_mix: one epoch = {total:,} samples; share of its tokens: shakespeare " in out
+    last = [r for r in read_jsonl(tmp / "run" / "metrics.jsonl") if "val_loss" in r][-1]
+    assert {"val_loss", "val_bpb", "shakespeare_loss", "shakespeare_bpb", "owt2_loss", "owt2_bpb"} <= set(last)
+    assert last["shakespeare_bpb"] != last["owt2_bpb"]
+    report = (tmp / "run" / "report.md").read_text()
+    assert "## Data mix" in report and f"| owt2 | repeat 3.0 | {sizes['owt2']:,} |" in report
+    assert f"| owt2 | {last['owt2_loss']:.4f} | {last['owt2_bpb']:.4f} | 6 |" in report
+
+
+def test_a_mixed_run_resumes_loss_for_loss_after_a_kill_and_on_two_processes(mixed_run, tmp_path, capsys):
+    args, tmp, _ = mixed_run
+    whole = losses_by_batch(tmp / "run")
+    # on 2 processes (composer -n 2) from the checkpoint at batch 3: the same global batches, the same losses
+    resized = tmp_path / "run"
+    shutil.copytree(tmp / "run", resized, symlinks=True)
+    simulate_crash_after(resized, keep_batch=3)
+    moved = [a for a in args if not a.startswith(("--save_folder", "--callbacks"))]
+    succeeded(run_train([*moved, f"--save_folder={resized}", "--autoresume=True"], tmp_path, nproc=2))
+    after = losses_by_batch(resized)
+    assert np.allclose([after[b] for b in (4, 5, 6)], [whole[b] for b in (4, 5, 6)], rtol=0, atol=1e-5)
+    # after a kill, in this process: the same samples and losses from batch 4 on
+    simulate_crash_after(tmp / "run", keep_batch=3)
+    capsys.readouterr()
+    train.main([*args, "--autoresume=True"])
+    assert_resumed_where_it_stopped(tmp / "run", capsys.readouterr().out, keep_batch=3, last_batch=6)
+
+
+def test_an_mds_mix_takes_streamings_counts(tmp_path):
+    from pilegpt.train.config import load_config
+    from pilegpt.train.loaders import build_dataloaders, mix_shares
+
+    write_mds_splits(tmp_path / "a", np.arange(6_401, dtype=np.uint16) % 1000)  # 179 train samples of 32
+    write_mds_splits(tmp_path / "b", 1000 + np.arange(3_401, dtype=np.uint16) % 1000)  # 95
+    mix = {str(tmp_path / "a"): {"proportion": 0.25}, str(tmp_path / "b"): {"proportion": 0.75}}
+    cfg = load_config([*SMALL, f"--data_mix={mix!r}", f"--data_local={tmp_path / 'cache'}", "--device=cpu"])
+    train_spec, val_spec = build_dataloaders(cfg, world_size=1, rank=0, pin_memory=False)
+    dataset = train_spec.dataloader.dataset
+    shares = mix_shares(cfg, dataset)
+    assert {k: s["size"] for k, s in shares.items()} == {"a": 179, "b": 95}
+    # 274 samples an epoch: 68.5 and 205.5, the half sample to one of them (Streaming: at random)
+    assert [shares["a"]["samples"], shares["b"]["samples"]] in ([69, 205], [68, 206])
+    read = [int(s["x"][0] >= 1000) for s in dataset]  # one epoch, each sample's component by its token ids
+    assert [read.count(0), read.count(1)] == [shares["a"]["samples"], shares["b"]["samples"]]
+    assert val_spec is not None
+
+
+def test_an_absent_component_and_a_weight_not_positive_are_one_line(tmp_path, capsys, shakespeare_bin):
+    absent = {str(shakespeare_bin): {"repeat": 1.0}, str(tmp_path / "gone"): {"repeat": 1.0}}
+    line = main_error(train.main, [*SMALL, f"--data_mix={absent!r}", "--device=cpu", f"--save_folder={tmp_path}/r"],
+                      capsys)
+    assert line == (f"error: data_mix: {tmp_path / 'gone'} not found: make it with prepare_data.py (.bin) or "
+                    "to_mds.py (MDS), or drop it from data_mix")
+    zero = {str(shakespeare_bin): {"repeat": 0.0}}
+    line = main_error(train.main, [*SMALL, f"--data_mix={zero!r}", "--device=cpu"], capsys)
+    assert line == (f"error: bad config: data_mix: {shakespeare_bin}: repeat must be a number > 0, got 0.0 (drop the "
+                    "root to leave it out)")
+    assert not Path(tmp_path / "r").exists() or not any((tmp_path / "r").iterdir())
