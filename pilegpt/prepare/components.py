@@ -52,7 +52,7 @@ class SubsetWriter(Writer):
         folder = subset_folder(name)
         if self.folders.setdefault(folder, name) != name:
             raise UserError(f"the subsets {self.folders[folder]!r} and {name!r} both map to the folder "
-                            f"{self.out_dir / folder}; leave one out with --exclude-subset (and --overwrite)")
+                            f"{self.out_dir / folder}; leave one out with --exclude-subset")
         (self.out_dir / folder).mkdir(exist_ok=True)
         fd = self.fds[name, split] = os.open(self.out_dir / folder / PARTIAL[split], os.O_RDWR | os.O_CREAT, 0o644)
         if os.fstat(fd).st_size < recorded * self.dtype.itemsize:
