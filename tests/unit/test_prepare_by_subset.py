@@ -3,52 +3,23 @@ token, from one pass over the input; a resume after a kill or an interruption en
 their collisions, records without the subset field, --subset-field, refusals. Its command line with several
 tokenizer processes: tests/e2e/test_prepare_subsets.py.
 
-The input is the Pile-format fixture (tests/fixtures/pile_sample/) cut into paragraphs, each a record of one of
-SUBSETS, in two train files, a val file and a test file (pile_by_component)."""
+The input is the Pile-format fixture cut into paragraphs of several components (helpers.pile_by_component)."""
 
 import json
 import os
 from pathlib import Path
 
 import pytest
-import zstandard
 
 import prepare_data
-from helpers import PILE_SAMPLE, main_error, read_bin, saved_state
+from helpers import PILE_SAMPLE, SUBSETS, main_error, pile_by_component, read_bin, saved_state, write_records
 from pilegpt.common import UserError
 from pilegpt.data import SUBSETS_NAME, Meta, read_subsets, subset_folder
 from pilegpt.prepare import components, out_folder, sources
 
-SUBSETS = ["Pile-CC", "Gutenberg (PG-19)", "Ubuntu IRC", "Wikipedia (en)"]
-
 
 def run(*args):
     return prepare_data.main([str(a) for a in args])
-
-
-def pile_records(name: str, subsets: list[str], shift: int = 0) -> list[dict]:
-    """The paragraphs of the fixture file `name`, each a record of subsets[(k + shift) % len]."""
-    text = zstandard.ZstdDecompressor().decompress((PILE_SAMPLE / name).read_bytes(), max_output_size=1 << 24)
-    paragraphs = [p for r in text.decode().splitlines() for p in json.loads(r)["text"].split("\n\n") if p.strip()]
-    return [{"text": p, "meta": {"pile_set_name": subsets[(k * 3 + shift) % len(subsets)]}}
-            for k, p in enumerate(paragraphs)]
-
-
-def write_records(path: Path, records: list[dict]) -> None:
-    data = "".join(json.dumps(r) + "\n" for r in records).encode()
-    path.write_bytes(zstandard.ZstdCompressor().compress(data) if path.suffix == ".zst" else data)
-
-
-def pile_by_component(root: Path, subsets: list[str] = SUBSETS) -> Path:
-    """The fixture as a Pile of several components: train_00.jsonl.zst, train_01.jsonl, val.jsonl.zst (its
-    components not all those of train) and test.jsonl.zst."""
-    root.mkdir(parents=True)
-    train = pile_records("train_00_head.jsonl.zst", subsets)
-    write_records(root / "train_00.jsonl.zst", train[: len(train) // 2])
-    write_records(root / "train_01.jsonl", train[len(train) // 2:])
-    write_records(root / "val.jsonl.zst", pile_records("val.jsonl.zst", subsets[:2], shift=1))
-    write_records(root / "test.jsonl.zst", pile_records("test.jsonl.zst", subsets))
-    return root
 
 
 @pytest.fixture(scope="module")
