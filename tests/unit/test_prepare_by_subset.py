@@ -7,6 +7,7 @@ The input is the Pile-format fixture cut into paragraphs of several components (
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -176,3 +177,15 @@ def test_a_kill_before_anything_was_kept_leaves_no_component_folder(tmp_path, mo
     with pytest.raises(KeyboardInterrupt):
         run("--input", pile, "--by-subset", "--out-dir", tmp_path / "out", "--num-proc", 1)
     assert not (tmp_path / "out").exists()
+
+
+def test_overwrite_replaces_the_components_and_removes_those_no_longer_there(by_component, tmp_path):
+    pile, out = by_component
+    shutil.copytree(out, tmp_path / "out")
+    run("--input", pile, "--by-subset", "--out-dir", tmp_path / "out", "--num-proc", 1, "--overwrite",
+        "--exclude-subset", "Pile-CC")
+    kept = [subset_folder(n) for n in SUBSETS if n != "Pile-CC"]
+    assert sorted(os.listdir(tmp_path / "out")) == sorted([SUBSETS_NAME] + kept)
+    assert [e["folder"] for e in read_subsets(tmp_path / "out")] == sorted(kept)
+    for folder in kept:
+        assert (tmp_path / "out" / folder / "train.bin").read_bytes() == (out / folder / "train.bin").read_bytes()
