@@ -11,6 +11,7 @@ Usage:
     python prepare_data.py --input ~/pile/train/00.jsonl.zst ~/pile/val.jsonl.zst --out-dir data/pile00
     python prepare_data.py --input tests/fixtures/tinyshakespeare.txt --out-dir data/shakespeare
     python prepare_data.py --shard-index 3 --num-shards 8 --out-dir data/pile/part-03   # one of 8 jobs
+    python prepare_data.py --by-subset --out-dir data/pile_by_subset     # OUT/pile-cc/, OUT/arxiv/, ... in one pass
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ from typing import Any, NamedTuple, Optional, Sequence
 import numpy as np
 
 from pilegpt.common import UserError, one_line, run_main
-from pilegpt.data import Meta
-from pilegpt.prepare import out_folder, sources, tokenize_pool
+from pilegpt.data import META_NAME, Meta
+from pilegpt.prepare import components, out_folder, sources, tokenize_pool
 
 DEFAULT_OUT_DIR = "data/pile"
 DEFAULT_VAL_FRACTION = 0.0005  # used only when the input has no validation files of its own
@@ -62,6 +63,12 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                    help="keep only documents whose meta.pile_set_name is NAME (repeatable)")
     p.add_argument("--exclude-subset", action="append", default=[], metavar="NAME",
                    help="drop documents whose meta.pile_set_name is NAME (repeatable), e.g. 'Books3'")
+    p.add_argument("--by-subset", action="store_true",
+                   help="one prepared folder per subset under --out-dir (OUT/<name>/train.bin, val.bin, meta.json; "
+                        "OUT/subsets.json lists them), from one pass over the input")
+    p.add_argument("--subset-field", default=sources.DEFAULT_SUBSET_FIELD, metavar="FIELD",
+                   help=f"the record's field (a dotted path) that names its subset, for --by-subset and the subset "
+                        f"filters (default {sources.DEFAULT_SUBSET_FIELD})")
     p.add_argument("--text-suffix", action="append", default=[], metavar="SUFFIX",
                    help="also read files ending in SUFFIX as plain text, one file = one document "
                         "(repeatable), e.g. --text-suffix .py")
@@ -85,6 +92,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         raise UserError(f"--shard-index {args.shard_index}: must be in [0, --num-shards={args.num_shards})")
     if args.dataset_config and args.input:
         raise UserError("--dataset-config goes with --dataset, not --input")
+    if args.by_subset and args.max_tokens is not None:
+        raise UserError("--max-tokens does not go with --by-subset (whose components each hold all their "
+                        "documents); prepare a slice per component with --include-subset NAME --max-tokens N")
+    sources.subset_path(args.subset_field)  # a malformed --subset-field fails before any work
     return args
 
 
@@ -124,15 +135,17 @@ def prepare(args: argparse.Namespace, cleanup: ExitStack) -> int:
         "exclude": sorted(set(args.exclude_subset)), "skip_bad_lines": args.skip_bad_lines,
         "dataset_config": args.dataset_config,
     }
+    if args.by_subset or args.subset_field != sources.DEFAULT_SUBSET_FIELD:  # absent: the fingerprint of older runs
+        settings.update(by_subset=args.by_subset, subset_field=args.subset_field)
     fingerprint = out_folder.state_fingerprint(inputs.files, settings, args.max_tokens)
     out_dir = Path(args.out_dir)
-    state = out_folder.check_out_dir(out_dir, fingerprint, inputs.files, args.overwrite)
+    state = out_folder.check_out_dir(out_dir, fingerprint, inputs.files, args.overwrite, args.by_subset)
     if state is not None and state.get("publish"):  # killed while publishing: finish that
-        out_folder.publish(out_dir, state)
+        (components if args.by_subset else out_folder).publish(out_dir, state)
         report(out_dir, json.loads(state["publish"]), time.time() - t0, 0)
         return 0
 
-    output = open_output(out_dir, fingerprint, inputs.files, state, dtype)
+    output = open_output(out_dir, fingerprint, inputs.files, state, dtype, args.by_subset)
     resumed = copy.deepcopy(output.writer.done)
     if state:
         print_resume(resumed, inputs.files)
@@ -144,15 +157,18 @@ def prepare(args: argparse.Namespace, cleanup: ExitStack) -> int:
         raise empty_corpus_error(totals, inputs.source_info, args.include_subset, output.writer.subsets_filtered)
     meta = make_meta(args, enc, dtype, inputs, totals, reached, val_fraction, settings)
     try:
-        out_folder.publish(out_dir, output.writer.finish(meta))
+        if args.by_subset:
+            components.publish(out_dir, finish_components(output.writer, meta, args, enc, dtype, inputs, settings))
+        else:
+            out_folder.publish(out_dir, output.writer.finish(meta))
     except out_folder.OutputError as e:
         raise out_folder.OutputError(f"{e} (every file is tokenized; run the same command again to finish)") from None
     if val_fraction and not totals["tokens"]["val"]:
         print(f"note: --val-fraction {val_fraction} picked none of the {totals['documents']['train']:,} documents "
               "(a .txt file is one document), so there is no val.bin; use more documents or a larger fraction",
               file=sys.stderr)
-    report(out_dir, json.loads(meta.to_json()), time.time() - t0,
-           sum(totals["tokens"].values()) - sum(resumed["tokens"].values()))
+    record = json.loads((out_dir / components.SUBSETS_NAME if args.by_subset else out_dir / META_NAME).read_text())
+    report(out_dir, record, time.time() - t0, sum(totals["tokens"].values()) - sum(resumed["tokens"].values()))
     return 0
 
 
@@ -172,6 +188,10 @@ def find_inputs(args: argparse.Namespace, cleanup: ExitStack) -> Inputs:
             files, n_test = sources.list_dataset_splits(dataset, args.dataset_config, args.text_column, cache_dir,
                                                         args.shard_index, args.num_shards)
     files, n_test_files = sources.plan_files(files, args.shard_index, args.num_shards)
+    text = next((f.name for f in files if f.kind == "text"), None)
+    if args.by_subset and text:
+        raise UserError(f"--by-subset: {text} is a text file, one document without a subset field; give JSON lines "
+                        f"(or a dataset) whose records name their subset in --subset-field {args.subset_field}")
     if not files:
         raise UserError(f"shard {args.shard_index} of {args.num_shards} gets no train or validation files "
                         f"(the input has fewer files than --num-shards); use fewer shards")
@@ -193,13 +213,14 @@ def choose_val_fraction(args: argparse.Namespace, files: list[sources.SourceFile
 
 
 def open_output(out_dir: Path, fingerprint: dict, files: list[sources.SourceFile], state: Optional[dict],
-                dtype: np.dtype) -> Output:
+                dtype: np.dtype, by_subset: bool) -> Output:
     """Create --out-dir (or reopen a stopped run's) and its writer, at the progress `state` records."""
     created = not out_dir.exists()
     try:
         out_folder.make_out_dir(out_dir, fresh=state is None)
-        progress = out_folder.resume_progress(state, files) if state else out_folder.fresh_progress()
-        writer = out_folder.Writer(out_dir, fingerprint, [f.size for f in files], progress, dtype)
+        progress = out_folder.resume_progress(state, files) if state else out_folder.fresh_progress(by_subset)
+        make_writer = components.SubsetWriter if by_subset else out_folder.Writer
+        writer = make_writer(out_dir, fingerprint, [f.size for f in files], progress, dtype)
     except UserError:
         if state is None:
             out_folder.discard(out_dir, created)
@@ -295,7 +316,22 @@ def make_meta(args: argparse.Namespace, enc, dtype: np.dtype, inputs: Inputs, to
         "shard": {"index": args.shard_index, "count": args.num_shards},
         "skipped_bad_lines": totals["bad_lines"], "filtered_documents": totals["filtered"],
         "empty_documents": totals["empty"],
+        **({"subset_field": args.subset_field} if args.by_subset else {}),
     })
+
+
+def finish_components(writer: components.SubsetWriter, run: Meta, args: argparse.Namespace, enc, dtype: np.dtype,
+                      inputs: Inputs, settings: dict) -> dict:
+    """Each component's meta.json (its own splits and counts; the skipped and filtered counts are the run's) and
+    subsets.json, recorded in the state for publishing."""
+    totals = writer.pending
+    metas = {}
+    for name, counts in totals["subsets"].items():
+        meta = make_meta(args, enc, dtype, inputs, {**totals, **counts}, False, settings["val_fraction"], settings)
+        meta.info["subset"] = name
+        metas[components.subset_folder(name)] = meta
+    index = components.make_index(totals["subsets"], args.subset_field, json.loads(run.to_json()))
+    return writer.finish(metas, index)
 
 
 @dataclass
@@ -316,7 +352,8 @@ class _Tokenizing:
                                           f"docs {sum(self.writer.pending['documents'].values()):,}", refresh=False)
             return False
         reached = self.writer.write(result, self.max_tokens)
-        self.progress.update(len(result["train"]) + len(result["val"]))
+        parts = result.get("parts", {}).values()
+        self.progress.update(sum(len(r["train"]) + len(r["val"]) for r in (result, *parts)))
         if resume_at is not None and not reached:
             self.writer.mark(resume_at)
         return reached
@@ -328,14 +365,14 @@ class _Tokenizing:
                 return True
         return False
 
-    def read_file(self, i: int, text_column: str, with_subsets: bool) -> bool:
+    def read_file(self, i: int, text_column: str, subsets: Optional[tuple]) -> bool:
         """Submit file i's tasks from the writer's position; a failed read (a dropped connection) is retried from
         the last document boundary, 3 attempts in all. True when --max-tokens is reached."""
         src = self.files[i]
         for attempt in range(1, 4):
             start = tuple(self.writer.done["position"]) if self.writer.done["files_done"] == i else (0, 1)
             try:
-                for task in sources.read_tasks(src, start, text_column, with_subsets):
+                for task in sources.read_tasks(src, start, text_column, subsets):
                     self.pipeline.submit(i, task)
                     if self.drain(while_full=True):
                         return True
@@ -366,18 +403,23 @@ def tokenize(files: list[sources.SourceFile], writer: out_folder.Writer, pipelin
              max_tokens: Optional[int], progress, settings: dict) -> bool:
     """Tokenize from writer.done's position to the end, in order. Returns True if stopped at --max-tokens."""
     run = _Tokenizing(files, writer, pipeline, max_tokens, progress)
-    with_subsets = bool(settings["include"] or settings["exclude"])
+    needs_subset = settings["include"] or settings["exclude"] or settings.get("by_subset")
+    subsets = sources.subset_path(settings.get("subset_field", sources.DEFAULT_SUBSET_FIELD)) if needs_subset else None
     for i in range(writer.done["files_done"], len(files)):
-        if run.read_file(i, settings["text_column"], with_subsets):
+        if run.read_file(i, settings["text_column"], subsets):
             return True
     return run.drain()
 
 
-def report(out_dir: Path, meta: dict, seconds: float, new_tokens: int) -> None:
+def report(out_dir: Path, record: dict, seconds: float, new_tokens: int) -> None:
+    """The one-line summary, of meta.json's record (or of subsets.json's: its run's, and the components)."""
+    meta = record.get("run", record)
+    n = len(record["subsets"]) if "subsets" in record else None
     splits = meta["splits"]
     val = splits.get("val", {"tokens": 0, "documents": 0})
     print(f"prepare_data: {splits['train']['tokens']:,} train tokens ({splits['train']['documents']:,} docs), "
-          f"{val['tokens']:,} val tokens ({val['documents']:,} docs) from {len(meta['sources']['files'])} files "
+          f"{val['tokens']:,} val tokens ({val['documents']:,} docs)" + (f" in {n} subsets" if n else "")
+          + f" from {len(meta['sources']['files'])} files "
           f"-> {out_dir} in {seconds:.1f}s ({new_tokens / max(seconds, 1e-9):,.0f} tok/s)"
           + (f"; skipped {meta['skipped_bad_lines']} bad lines" if meta["skipped_bad_lines"] else "")
           + (f"; filtered {meta['filtered_documents']} docs" if meta["filtered_documents"] else "")

@@ -14,6 +14,8 @@ Usage:
     # nanoGPT-style random windows instead (train split only; val stays sequential)
     python to_mds.py --bin data/shakespeare --out mds/rand --block-size 256 --sampling random \\
         --num-samples 100000 --seed 1337
+    # prepare_data --by-subset's folder: one MDS root per component, OUT/<name>/train, OUT/<name>/val
+    python to_mds.py --bin data/pile_by_subset --out mds/pile_by_subset --block-size 1024
     # check an existing dataset against its .bin (every sample, every token)
     python to_mds.py --bin data/shakespeare --out mds/shakespeare --verify
     # a bare .bin without meta.json
@@ -34,7 +36,7 @@ import numpy as np
 
 from pilegpt import compat, s3
 from pilegpt.common import UserError, check_writable_folder, load_dotenv_file, run_main, setup_logging
-from pilegpt.data import INDEX_NAME, META_NAME, SPLITS, TOKEN_DTYPES, Meta, count_tokens
+from pilegpt.data import INDEX_NAME, META_NAME, SPLITS, TOKEN_DTYPES, Meta, count_tokens, read_subsets
 from pilegpt.mds.publish import clean_stale_local, is_dataset_dir, local_exists, publish_local, publish_remote
 from pilegpt.mds.verify import load_spec, verify_split
 from pilegpt.mds.write import SplitJob, WriterSettings, Written, make_spec, write_split
@@ -146,35 +148,61 @@ def token_settings(args: argparse.Namespace, meta: Optional[Meta], meta_path: Pa
 
 
 def resolve_inputs(args: argparse.Namespace) -> tuple[list[SplitJob], np.dtype, int, dict]:
-    """The .bin files to convert (one, or each split of a prepare_data folder) and their token settings."""
+    """The .bin files to convert (one, each split of a prepare_data folder, or each split of each component of a
+    --by-subset folder) and their token settings."""
     src = Path(args.bin)
+    subsets = read_subsets(src) if src.is_dir() else None
+    if subsets is not None:
+        return component_jobs(args, src, subsets)
     if src.is_dir():
-        meta_path = src / META_NAME
-        meta = Meta.read(src) if meta_path.is_file() else None
-        dtype, vocab, info = token_settings(args, meta, meta_path)
-        jobs = []
-        for split in SPLITS:
-            listed = meta.splits.get(split) if meta else None
-            path = src / (listed.file if listed else f"{split}.bin")
-            if listed is None and not path.is_file():
-                continue
-            n = count_tokens(path, dtype, expected=listed.tokens if listed else None)
-            if n == 0:  # e.g. an input without validation documents
-                log.warning("%s is empty: no %s dataset written", path, split)
-                continue
-            jobs.append(SplitJob(split, path, n, split, args.sampling if split == "train" else "sequential"))
+        jobs, dtype, vocab, info = folder_jobs(args, src, "")
         if not jobs:
             raise UserError(f"{src} holds no train.bin or val.bin: is it a folder written by prepare_data.py?")
-    else:
-        if not src.is_file():
-            raise UserError(f"{src} not found: pass a .bin written by prepare_data.py, or its folder")
-        meta_path = src.parent / META_NAME
-        meta = Meta.read(src.parent) if meta_path.is_file() else None
-        dtype, vocab, info = token_settings(args, meta, meta_path)
-        listed = meta.splits.get(src.stem) if meta else None
-        n = count_tokens(src, dtype, expected=listed.tokens if listed else None)
-        jobs = [SplitJob(src.stem, src, n, "", args.sampling)]
+        return jobs, dtype, vocab, info
+    if not src.is_file():
+        raise UserError(f"{src} not found: pass a .bin written by prepare_data.py, or its folder")
+    meta_path = src.parent / META_NAME
+    meta = Meta.read(src.parent) if meta_path.is_file() else None
+    dtype, vocab, info = token_settings(args, meta, meta_path)
+    listed = meta.splits.get(src.stem) if meta else None
+    n = count_tokens(src, dtype, expected=listed.tokens if listed else None)
+    return [SplitJob(src.stem, src, n, "", args.sampling)], dtype, vocab, info
+
+
+def folder_jobs(args: argparse.Namespace, src: Path, prefix: str) -> tuple[list[SplitJob], np.dtype, int, dict]:
+    """Each split of a prepare_data folder, written to OUT/<prefix><split>."""
+    meta_path = src / META_NAME
+    meta = Meta.read(src) if meta_path.is_file() else None
+    dtype, vocab, info = token_settings(args, meta, meta_path)
+    jobs = []
+    for split in SPLITS:
+        listed = meta.splits.get(split) if meta else None
+        path = src / (listed.file if listed else f"{split}.bin")
+        if listed is None and not path.is_file():
+            continue
+        n = count_tokens(path, dtype, expected=listed.tokens if listed else None)
+        if n == 0:  # e.g. an input without validation documents
+            log.warning("%s is empty: no %s dataset written", path, split)
+            continue
+        sampling = args.sampling if split == "train" else "sequential"
+        jobs.append(SplitJob(prefix + split, path, n, prefix + split, sampling))
     return jobs, dtype, vocab, info
+
+
+def component_jobs(args: argparse.Namespace, src: Path, subsets: list[dict]) -> tuple[list[SplitJob], np.dtype,
+                                                                                         int, dict]:
+    """Each split of each component of a prepare_data --by-subset folder, written to OUT/<folder>/<split>: one MDS
+    root per component. The components must share their tokens' settings (one run wrote them all)."""
+    jobs, settings = [], None
+    for entry in subsets:
+        found = folder_jobs(args, src / entry["folder"], entry["folder"] + "/")
+        if settings is not None and found[1:] != settings:
+            raise UserError(f"{src / entry['folder']}: its tokens' dtype or vocabulary differ from the other "
+                            "components'; re-run prepare_data.py --by-subset")
+        jobs, settings = jobs + found[0], found[1:]
+    if not jobs:
+        raise UserError(f"{src} lists no component with tokens: re-run prepare_data.py --by-subset")
+    return (jobs, *settings)
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """The data contract between the stages, one definition of each thing two of them must agree on: meta.json (`Meta`)
-beside train.bin / val.bin, the x/y window (sample i = tokens[i*T : i*T+T+1], x its first T, y its last T), and
+beside train.bin / val.bin, a dataset prepared by component (`subset_folder`, subsets.json), the x/y window
+(sample i = tokens[i*T : i*T+T+1], x its first T, y its last T), and
 the MDS layout (columns x and y, index.json written last, to_mds.json, one dataset per split folder, the shard
 names an index may list). numpy only. Details: docs/prepare.md and docs/mds-and-s3.md."""
 
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, NamedTuple, Optional
@@ -22,6 +24,8 @@ SPLITS = ("train", "val")  # the splits of a dataset, in order
 TOKEN_DTYPES = ("uint16", "uint32", "int32", "int64")  # integer dtypes of a .bin (and of MDS ndarray columns)
 INDEX_NAME = "index.json"  # Streaming's MDS index: lists every shard, so it is written (and uploaded) last
 TO_MDS_META = "to_mds.json"  # to_mds's record of how an MDS dataset was made (block_size, sampling, source)
+SUBSETS_NAME = "subsets.json"  # prepare_data --by-subset's index of its component folders, written last
+SUBSETS_VERSION = 1  # of subsets.json
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -121,6 +125,38 @@ def write_token_files(folder: str | os.PathLike, splits: dict[str, np.ndarray], 
         np.asarray(tokens, dtype=dtype).tofile(folder / f"{name}.bin")
     meta.write(folder)
     return meta
+
+
+# ----------------------------------------------------------------------------------------------------------
+# A dataset by component: OUT/<subset_folder(name)>/ is a prepared folder per subset, OUT/subsets.json the index
+
+_NOT_SAFE = re.compile(r"[^a-z0-9.-]+")
+
+
+def subset_folder(name: str) -> str:
+    """The folder of a component: its name lower-cased, every run of other characters than a-z, 0-9, "." and "-"
+    one "_", none at either end ("Pile-CC" -> "pile-cc", "Gutenberg (PG-19)" -> "gutenberg_pg-19"). The one
+    definition: prepare_data writes these folders, train.py's mix and eval.py name components by them."""
+    folder = _NOT_SAFE.sub("_", name.lower()).strip("_.")
+    if not folder:
+        raise UserError(f"subset {name!r} has no letter or digit to name its folder by; rename it in the input or "
+                        "leave it out with --exclude-subset")
+    return folder
+
+
+def read_subsets(root: str | os.PathLike) -> Optional[list[dict]]:
+    """The components of a dataset prepared by component (subsets.json's "subsets": each {"name", "folder",
+    "tokens", "documents"}), or None when `root` has no subsets.json; a UserError when it is damaged."""
+    path = Path(root) / SUBSETS_NAME
+    if not path.is_file():
+        return None
+    try:
+        subsets = json.loads(path.read_text())["subsets"]
+        if not all(isinstance(s["folder"], str) and subset_folder(s["folder"]) == s["folder"] for s in subsets):
+            raise ValueError("a folder name that is not subset_folder's")
+        return subsets
+    except (ValueError, KeyError, TypeError) as e:
+        raise UserError(f"{path} is not a valid {SUBSETS_NAME} ({e}); re-run prepare_data.py --by-subset") from None
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -118,6 +118,38 @@ def saved_state(out: Path) -> Optional[dict]:
         return None
 
 
+SUBSETS = ["Pile-CC", "Gutenberg (PG-19)", "Ubuntu IRC", "Wikipedia (en)"]  # pile_by_component's components
+
+
+def pile_records(name: str, subsets: list[str], shift: int = 0) -> list[dict]:
+    """The paragraphs of the fixture file `name`, each a record of subsets[(k + shift) % len]."""
+    import zstandard
+
+    text = zstandard.ZstdDecompressor().decompress((PILE_SAMPLE / name).read_bytes(), max_output_size=1 << 24)
+    paragraphs = [p for r in text.decode().splitlines() for p in json.loads(r)["text"].split("\n\n") if p.strip()]
+    return [{"text": p, "meta": {"pile_set_name": subsets[(k * 3 + shift) % len(subsets)]}}
+            for k, p in enumerate(paragraphs)]
+
+
+def write_records(path: Path, records: list[dict]) -> None:
+    import zstandard
+
+    data = "".join(json.dumps(r) + "\n" for r in records).encode()
+    path.write_bytes(zstandard.ZstdCompressor().compress(data) if path.suffix == ".zst" else data)
+
+
+def pile_by_component(root: Path, subsets: list[str] = SUBSETS) -> Path:
+    """The fixture as a Pile of several components: train_00.jsonl.zst, train_01.jsonl, val.jsonl.zst (its
+    components not all those of train) and test.jsonl.zst."""
+    root.mkdir(parents=True)
+    train = pile_records("train_00_head.jsonl.zst", subsets)
+    write_records(root / "train_00.jsonl.zst", train[: len(train) // 2])
+    write_records(root / "train_01.jsonl", train[len(train) // 2:])
+    write_records(root / "val.jsonl.zst", pile_records("val.jsonl.zst", subsets[:2], shift=1))
+    write_records(root / "test.jsonl.zst", pile_records("test.jsonl.zst", subsets))
+    return root
+
+
 def write_parquet_dataset(root: Path, splits: dict[str, list[list[str]]]) -> Path:
     """A Hub-style dataset folder: data/{split}-0000k-of-0000n.parquet, columns id and content."""
     import datasets

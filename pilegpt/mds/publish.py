@@ -47,9 +47,11 @@ def clean_stale_local(out: Path) -> None:
 
 
 def is_dataset_dir(path: Path) -> bool:
-    """True for a folder to_mds.py (or any MDS writer) produced: index.json in it or in its split folders."""
+    """True for a folder to_mds.py (or any MDS writer) produced: index.json in it, in its split folders, or in
+    its components' split folders (to_mds.py on a prepare_data --by-subset folder)."""
     return (path / INDEX_NAME).is_file() or (path / TO_MDS_META).is_file() or any(
-        (path / s / INDEX_NAME).is_file() for s in SPLITS)
+        (path / s / INDEX_NAME).is_file() for s in SPLITS) or any(
+        (path / c / s / INDEX_NAME).is_file() for c in os.listdir(path) if (path / c).is_dir() for s in SPLITS)
 
 
 def local_exists(out: Path) -> bool:

@@ -21,7 +21,7 @@ from typing import Optional
 import numpy as np
 
 from pilegpt.common import UserError, atomic_write_text, one_line
-from pilegpt.data import META_NAME, META_VERSION, Meta
+from pilegpt.data import META_NAME, META_VERSION, SUBSETS_NAME, Meta
 from pilegpt.prepare.sources import SourceFile
 
 STATE_NAME = ".prepare_state.json"  # progress of an unfinished run; removed when the run finishes
@@ -30,7 +30,7 @@ COMMIT_SECONDS = 1.0  # record progress (after an fsync of the outputs) at most 
 PARTIAL = {"train": "train.bin.partial", "val": "val.bin.partial"}  # the outputs while the run is unfinished
 OUR_FILES = {STATE_NAME, *PARTIAL.values()}
 # common.atomic_path's temporary names for the state and meta.json, left behind only by a kill -9
-TEMP_NAME = re.compile(r"\.(?:%s|%s)\.tmp\d+" % (re.escape(STATE_NAME), re.escape(META_NAME)))
+TEMP_NAME = re.compile(r"\.(?:%s)\.tmp\d+" % "|".join(map(re.escape, (STATE_NAME, META_NAME, SUBSETS_NAME))))
 COUNTERS = ("tokens", "documents", "bad_lines", "filtered", "empty")  # the counts a state records
 OUTPUT_FIXES = {
     errno.ENOSPC: "free space on that disk",
@@ -110,9 +110,9 @@ def resume_progress(state: dict, files: list[SourceFile]) -> dict:
     return progress
 
 
-def fresh_progress() -> dict:
+def fresh_progress(by_subset: bool = False) -> dict:
     zero = {"tokens": {"train": 0, "val": 0}, "documents": {"train": 0, "val": 0}, "bad_lines": 0, "filtered": 0,
-            "empty": 0}
+            "empty": 0, **({"subsets": {}} if by_subset else {})}
     return {"files_done": 0, "position": [0, 1], **copy.deepcopy(zero), "file_start": zero}
 
 
@@ -133,8 +133,10 @@ def read_state(out_dir: Path, overwrite: bool) -> Optional[dict]:
                         "start over") from None
 
 
-def check_out_dir(out_dir: Path, fingerprint: dict, files: list[SourceFile], overwrite: bool) -> Optional[dict]:
-    """Return the saved state to resume, or None for a fresh run. Refuse a folder that holds other data.
+def check_out_dir(out_dir: Path, fingerprint: dict, files: list[SourceFile], overwrite: bool,
+                  by_subset: bool = False) -> Optional[dict]:
+    """Return the saved state to resume, or None for a fresh run. Refuse a folder that holds other data. With
+    `by_subset`, the folders beside this command's own state are its components.
 
     The saved state is checked first: it is this command's own, whatever else the folder holds (an
     interrupted --overwrite run sits beside the dataset it replaces, an interrupted publish beside half the
@@ -157,6 +159,8 @@ def check_out_dir(out_dir: Path, fingerprint: dict, files: list[SourceFile], ove
     state = read_state(out_dir, overwrite)
     if state is not None:
         change = fingerprint_change(state["fingerprint"], fingerprint) or size_change(state, files)
+        if by_subset:
+            others = {n for n in others if not (out_dir / n).is_dir()}
         if change is None:
             if state.get("publish") or not others or overwrite:
                 return state
@@ -167,7 +171,7 @@ def check_out_dir(out_dir: Path, fingerprint: dict, files: list[SourceFile], ove
                             "it, or pass --overwrite to start over")
         return None
     if others and not overwrite:
-        what = "a finished dataset" if META_NAME in others else "other files"
+        what = "a finished dataset" if others & {META_NAME, SUBSETS_NAME} else "other files"
         raise UserError(f"--out-dir {out_dir} already holds {what}; pass --overwrite to replace it "
                         "or choose another folder")
     return None
@@ -192,6 +196,7 @@ class Writer:
     copies of the progress: `pending` (every token written), `done` (at the last document boundary a resumed run
     can read on from) and `committed` (on disk). A commit makes the files durable first and only then records
     `done`, so the state never claims more than the files hold; a resumed run truncates the files to it."""
+    counters = COUNTERS  # the counts a file's start records (file_start), for a file read again from its start
 
     def __init__(self, out_dir: Path, fingerprint: dict, sizes: list, progress: dict, dtype: np.dtype):
         self.out_dir, self.fingerprint, self.sizes, self.dtype = out_dir, fingerprint, sizes, dtype
@@ -240,7 +245,7 @@ class Writer:
         p = self.pending
         p["files_done"] += 1
         p["position"] = [0, 1]
-        p["file_start"] = {k: copy.deepcopy(p[k]) for k in COUNTERS}
+        p["file_start"] = {k: copy.deepcopy(p[k]) for k in self.counters}
         self.done = copy.deepcopy(p)
         self.commit_if_due()
 
@@ -295,24 +300,36 @@ def publish(out_dir: Path, state: dict) -> None:
     """The .partial files become train.bin / val.bin, then meta.json (the mark of a finished set). Each step can
     be repeated, so a run killed halfway through completes when run again."""
     with output_errors(out_dir, "publishing the finished dataset"):
-        (out_dir / META_NAME).unlink(missing_ok=True)  # an old finished set (with --overwrite) is no longer one
-        for split, name in PARTIAL.items():
-            if state["tokens"][split]:
-                if (out_dir / name).exists():
-                    os.replace(out_dir / name, out_dir / f"{split}.bin")
-            else:
-                (out_dir / name).unlink(missing_ok=True)
-                (out_dir / f"{split}.bin").unlink(missing_ok=True)
-        atomic_write_text(out_dir / META_NAME, state["publish"])
+        place(out_dir, state["tokens"], state["publish"])
         (out_dir / STATE_NAME).unlink()
 
 
+def place(folder: Path, tokens: dict, meta_text: str) -> None:
+    """In one prepared folder: the .partial files of the splits with tokens become train.bin / val.bin (the other
+    splits' files are removed), then meta.json is written. Repeatable."""
+    (folder / META_NAME).unlink(missing_ok=True)  # an old finished set (with --overwrite) is no longer one
+    for split, name in PARTIAL.items():
+        if tokens[split]:
+            if (folder / name).exists():
+                os.replace(folder / name, folder / f"{split}.bin")
+        else:
+            (folder / name).unlink(missing_ok=True)
+            (folder / f"{split}.bin").unlink(missing_ok=True)
+    atomic_write_text(folder / META_NAME, meta_text)
+
+
 def discard(out_dir: Path, created: bool) -> None:
-    """Remove this run's own unfinished files (and the folder if this run made it)."""
+    """Remove this run's own unfinished files, those of its component folders (--by-subset) and the folders it
+    emptied so (and --out-dir if this run made it)."""
     try:
         for p in out_dir.iterdir():
             if p.name in OUR_FILES or TEMP_NAME.fullmatch(p.name):
                 p.unlink(missing_ok=True)
+            elif p.is_dir() and not p.is_symlink() and any((p / name).exists() for name in PARTIAL.values()):
+                for name in PARTIAL.values():
+                    (p / name).unlink(missing_ok=True)
+                if not any(p.iterdir()):
+                    p.rmdir()
         if created and not any(out_dir.iterdir()):
             out_dir.rmdir()
     except OSError:

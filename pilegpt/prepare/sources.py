@@ -19,6 +19,7 @@ from pilegpt import storage
 from pilegpt.common import UserError, one_line
 
 DEFAULT_DATASET = "monology/pile-uncopyrighted"  # the maintained Pile mirror: train/NN.jsonl.zst, val, test
+DEFAULT_SUBSET_FIELD = "meta.pile_set_name"  # where a Pile record names its component
 CHUNK_BYTES = 1 << 20  # raw text per task sent to a tokenizer process
 ROWS_PER_READ = 1000  # rows per batch read from a `datasets` stream
 SPLIT_WORDS = {"val": "val", "valid": "val", "validation": "val", "dev": "val", "test": "test", "train": "train"}
@@ -56,9 +57,21 @@ class BadInput(Exception):
     """Input the user must fix, found while reading a file or in a tokenizer process; carries a one-line message."""
 
 
-def pile_set_name(meta) -> Optional[str]:
-    """The Pile's subset name in a record's "meta" field, or None."""
-    return meta.get("pile_set_name") if isinstance(meta, dict) else None
+def subset_path(field: str) -> tuple[str, ...]:
+    """--subset-field as the keys to follow: "meta.pile_set_name" -> ("meta", "pile_set_name")."""
+    path = tuple(field.split("."))
+    if not all(path):
+        raise UserError(f"--subset-field {field!r}: write a field name or a dotted path, e.g. {DEFAULT_SUBSET_FIELD}")
+    return path
+
+
+def subset_of(record, path: tuple[str, ...]) -> Optional[str]:
+    """The subset name at `path` in a record (the Pile's meta.pile_set_name by default), or None if not a string."""
+    for key in path:
+        if not isinstance(record, dict):
+            return None
+        record = record.get(key)
+    return record if isinstance(record, str) else None
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -291,11 +304,12 @@ class ZstdReader:
         self.raw.close()
 
 
-def read_tasks(src: SourceFile, start: tuple, text_column: str, with_subsets: bool) -> Iterator[Task]:
+def read_tasks(src: SourceFile, start: tuple, text_column: str,
+               subsets: Optional[tuple[str, ...]]) -> Iterator[Task]:
     """Cut a file into tasks of about CHUNK_BYTES, from position `start` = (offset, line): JSONL in whole lines
     from a byte offset, `datasets` rows from a row, text (always from its start) at BPE-safe cuts."""
     if src.kind == "rows":
-        yield from read_rows(src, start[0], text_column, with_subsets)
+        yield from read_rows(src, start[0], text_column, subsets)
         return
     with open_binary(src) as f:
         if src.kind == "jsonl":
@@ -345,8 +359,10 @@ def skip_bytes(f, n: int, src: SourceFile) -> None:
         n -= len(got)
 
 
-def read_rows(src: SourceFile, start_row: int, text_column: str, with_subsets: bool) -> Iterator[Task]:
-    """A `datasets` split as tasks of [(text, subset)], from row start_row (skipped rows are read, not tokenized)."""
+def read_rows(src: SourceFile, start_row: int, text_column: str,
+              subsets: Optional[tuple[str, ...]]) -> Iterator[Task]:
+    """A `datasets` split as tasks of [(text, subset)], from row start_row (skipped rows are read, not tokenized);
+    `subsets`: the path of the subset field (subset_path), or None when no subset is needed."""
     stream = src.stream.skip(start_row) if start_row else src.stream
     rows, size, first, row = [], 0, start_row + 1, start_row
     for batch in stream.iter(batch_size=ROWS_PER_READ):
@@ -354,9 +370,9 @@ def read_rows(src: SourceFile, start_row: int, text_column: str, with_subsets: b
             raise UserError(f"{src.url} [{src.name}]: no column '{text_column}' (columns: {', '.join(batch)}); "
                             "set --text-column")
         texts = batch[text_column]
-        metas = batch.get("meta") if with_subsets else None
+        column = batch.get(subsets[0]) if subsets else None
         for k, text in enumerate(texts):
-            rows.append((text, pile_set_name(metas[k]) if metas else None))
+            rows.append((text, subset_of({subsets[0]: column[k]}, subsets) if column else None))
             size += len(text) if isinstance(text, str) else 0
             if size >= CHUNK_BYTES:
                 row += len(rows)

@@ -16,7 +16,7 @@ import numpy as np
 import orjson
 
 from pilegpt.common import UserError, one_line
-from pilegpt.prepare.sources import BadInput, Task, pile_set_name
+from pilegpt.prepare.sources import DEFAULT_SUBSET_FIELD, BadInput, Task, subset_of, subset_path
 from pilegpt.tokenizer import get_encoding
 
 _W: dict = {}  # per-process settings and the tokenizer, set by init_worker
@@ -88,7 +88,11 @@ def init_worker(settings: dict, ignore_sigint: bool = True) -> None:
     _W.update(settings)
     _W["enc"] = get_encoding(settings["encoding"])
     _W["dtype"] = np.dtype(settings["dtype"])
-    _W["buffers"] = {"train": TokenBuffer(), "val": TokenBuffer()}
+    _W["buffers"] = {}  # subset (None unless --by-subset) -> {"train", "val"} TokenBuffers
+    _W["by_subset"] = settings.get("by_subset", False)
+    _W["subset_field"] = settings.get("subset_field", DEFAULT_SUBSET_FIELD)
+    needs_subset = _W["by_subset"] or settings["include"] or settings["exclude"]
+    _W["subset_path"] = subset_path(_W["subset_field"]) if needs_subset else None
 
 
 def goes_to_val(key: bytes, fraction: float) -> bool:
@@ -125,52 +129,86 @@ def encode(text: str) -> np.ndarray:
 
 
 def tokenize_task(task: Task) -> dict:
-    """Tokenize one task. Returns token arrays (the output dtype) for train and val, and the counts."""
-    out = {split: buffer.clear() for split, buffer in _W["buffers"].items()}
-    docs = {"train": 0, "val": 0}
-    bad = filtered = empty = 0
+    """Tokenize one task. Returns token arrays (the output dtype) for train and val, and the counts; with
+    --by-subset, "parts": {subset: {"train", "val", "docs"}} of the subsets in the task instead (train and val
+    empty)."""
+    parts: dict = {}  # subset (None unless --by-subset) -> its buffers and document counts in this task
+    counts = {"bad": 0, "filtered": 0, "empty": 0}
     subsets_filtered: dict[str, int] = {}  # the subsets of the documents the filters left out
     fraction = _W["val_fraction"] if task.split == "train" else 0.0
     at = ":" if task.kind == "jsonl" else " row "  # messages name bad.jsonl:4 or train row 4
 
-    def emit(text: str, key: bytes, line: Optional[int], doc_end: bool = True) -> None:
+    def emit(text: str, key: bytes, line: Optional[int], subset: Optional[str] = None, doc_end: bool = True) -> None:
         dest = "val" if task.split == "val" or (fraction and goes_to_val(key, fraction)) else "train"
         try:
             ids = encode(text)
         except TokenizerFailure as e:
             raise BadInput(f"{task.name}{'' if line is None else f'{at}{line}'}: {e}") from None
-        out[dest].add(ids, doc_end)
-        docs[dest] += doc_end
+        part = parts.get(subset) or open_part(parts, subset)
+        part[dest].add(ids, doc_end)
+        part["docs"][dest] += doc_end
 
     if task.kind == "text":
         if task.doc_start and task.doc_end and is_empty(task.payload):
-            empty += 1
+            counts["empty"] += 1
         else:
-            emit(task.payload, task.name.encode(), None, task.doc_end)
+            emit(task.payload, task.name.encode(), None, None, task.doc_end)
     else:
-        column, include, exclude, skip_bad = _W["text_column"], _W["include"], _W["exclude"], _W["skip_bad_lines"]
-        for k, (text, subset, problem) in enumerate(records(task, column, include or exclude)):
-            if problem:
-                if skip_bad:
-                    bad += 1
-                    continue
-                raise BadInput(f"{task.name}{at}{task.first_line + k}: {problem}; fix it or pass --skip-bad-lines "
-                               "to skip such records")
-            if text is None:  # a blank line
-                continue
-            if (include and subset not in include) or (exclude and subset in exclude):
-                filtered += 1
+        for k, (text, subset, problem) in enumerate(records(task, _W["text_column"], _W["subset_path"])):
+            kind = document_kind(text, subset, problem, task, at, k)
+            if kind == "filtered":
                 subsets_filtered[str(subset)] = subsets_filtered.get(str(subset), 0) + 1
-            elif is_empty(text):
-                empty += 1
-            else:
-                emit(text, text.encode("utf-8", "surrogatepass") if fraction else b"", task.first_line + k)
-    return {"train": to_output(out["train"].ids(), task), "val": to_output(out["val"].ids(), task),
-            "docs": docs, "bad": bad, "filtered": filtered, "empty": empty, "subsets_filtered": subsets_filtered}
+            if kind in counts:
+                counts[kind] += 1
+            elif kind == "keep":
+                emit(text, text.encode("utf-8", "surrogatepass") if fraction else b"", task.first_line + k,
+                     subset if _W["by_subset"] else None)
+    return {**task_output(parts, task), **counts, "subsets_filtered": subsets_filtered}
 
 
-def records(task: Task, column: str, with_subsets: bool) -> Iterator[tuple]:
-    """(text, subset, problem) per line or row of a task; text None for a blank line, problem None if fine."""
+def document_kind(text: Optional[str], subset: Optional[str], problem: Optional[str], task: Task, at: str,
+                  k: int) -> str:
+    """What becomes of one record: "keep", "blank" (a blank line), "bad" (skipped with --skip-bad-lines),
+    "filtered" or "empty"; a BadInput naming the file and line for a bad record otherwise."""
+    if problem is None and text is not None and subset is None and _W["by_subset"]:
+        problem = f"no string field '{_W['subset_field']}' to sort it by for --by-subset (set --subset-field)"
+    if problem:
+        if _W["skip_bad_lines"]:
+            return "bad"
+        raise BadInput(f"{task.name}{at}{task.first_line + k}: {problem}; fix it or pass --skip-bad-lines "
+                       "to skip such records")
+    if text is None:
+        return "blank"
+    include, exclude = _W["include"], _W["exclude"]
+    if (include and subset not in include) or (exclude and subset in exclude):
+        return "filtered"
+    return "empty" if is_empty(text) else "keep"
+
+
+def open_part(parts: dict, subset: Optional[str]) -> dict:
+    """A subset's buffers for this task: the process's own for that subset, reused from task to task, cleared."""
+    buffers = _W["buffers"].get(subset)
+    if buffers is None:
+        buffers = _W["buffers"][subset] = {"train": TokenBuffer(), "val": TokenBuffer()}
+    part = parts[subset] = {split: buffer.clear() for split, buffer in buffers.items()}
+    part["docs"] = {"train": 0, "val": 0}
+    return part
+
+
+def task_output(parts: dict, task: Task) -> dict:
+    """The arrays and document counts of a task: {"train", "val", "docs"}, and "parts" per subset (--by-subset)."""
+    arrays = {subset: {"train": to_output(part["train"].ids(), task), "val": to_output(part["val"].ids(), task),
+                       "docs": part["docs"]} for subset, part in parts.items()}
+    if _W["by_subset"]:
+        empty = np.empty(0, _W["dtype"])
+        return {"train": empty, "val": empty, "docs": {"train": 0, "val": 0}, "parts": arrays}
+    return arrays.get(None) or {"train": np.empty(0, _W["dtype"]), "val": np.empty(0, _W["dtype"]),
+                                "docs": {"train": 0, "val": 0}}
+
+
+def records(task: Task, column: str, subsets: Optional[tuple]) -> Iterator[tuple]:
+    """(text, subset, problem) per line or row of a task; text None for a blank line, problem None if fine;
+    subset None unless `subsets` (the subset field's path) is given."""
     if task.kind == "rows":
         for text, subset in task.payload:
             ok = type(text) is str
@@ -186,7 +224,7 @@ def records(task: Task, column: str, with_subsets: bool) -> Iterator[tuple]:
         if problem:
             yield "", None, problem
         else:
-            yield rec[column], pile_set_name(rec.get("meta")) if with_subsets else None, None
+            yield rec[column], subset_of(rec, subsets) if subsets else None, None
 
 
 def parse_json(line: bytes) -> tuple:

@@ -18,7 +18,7 @@ import pytest
 import to_mds
 from helpers import main_error, read_mds, write_bin
 from helpers import staging_leftovers as leftovers
-from pilegpt.data import Meta
+from pilegpt.data import SUBSETS_NAME, Meta, subset_folder, write_token_files
 from pilegpt.mds.write import folder_bytes
 
 T = 64  # block size of most tests: small, so the tiny data still makes thousands of samples
@@ -284,3 +284,33 @@ def test_verify_of_a_damaged_dataset_is_one_line_naming_the_file_and_the_fix(tmp
     assert err.startswith(expected), err
     assert err.rstrip().endswith("re-run to_mds.py with --overwrite to rebuild the dataset" +
                                  (" (or put the shard back)" if case == "missing_shard" else "")), err
+
+
+# ------------------------------------------------------------------------------------------------ by component
+
+
+def test_a_by_subset_folder_gives_one_mds_root_per_component(tmp_path, small_tokens, capsys):
+    """prepare_data --by-subset's layout (written through the contract: write_token_files per component and
+    components.make_index): MDS/<folder>/train and val, every token back; --overwrite and --verify know it."""
+    from pilegpt.common import atomic_write_text
+    from pilegpt.prepare import components
+
+    data, tokens = tmp_path / "by_subset", {"Pile-CC": small_tokens, "Ubuntu IRC": {"train": small_tokens["val"]}}
+    counts = {}
+    for name, splits in tokens.items():
+        meta = write_token_files(data / subset_folder(name), splits, subset=name)
+        counts[name] = {"tokens": {s: meta.splits[s].tokens if s in meta.splits else 0 for s in ("train", "val")},
+                        "documents": {"train": 0, "val": 0}}
+    atomic_write_text(data / SUBSETS_NAME, json.dumps(components.make_index(counts, "meta.pile_set_name", {})))
+    argv = ["--bin", data, "--out", tmp_path / "mds", "--block-size", T, "--num-proc", 1]
+    assert to_mds.main([str(a) for a in argv]) == 0
+    assert sorted(p.relative_to(tmp_path / "mds").as_posix() for p in (tmp_path / "mds").glob("*/*")) == [
+        "pile-cc/train", "pile-cc/val", "ubuntu_irc/train"]
+    for name, splits in tokens.items():
+        for split, toks in splits.items():
+            samples = read_mds(str(tmp_path / "mds" / subset_folder(name) / split), tmp_path / f"c_{name}_{split}")
+            n = (len(toks) - 1) // T
+            assert np.array_equal(np.stack([s["x"] for s in samples]).reshape(-1), toks[:n * T])
+    assert "already holds a dataset" in main_error(to_mds.main, argv, capsys)
+    assert to_mds.main([str(a) for a in argv + ["--overwrite", "--verify"]]) == 0
+    assert "verified" in capsys.readouterr().out and leftovers(tmp_path) == []

@@ -168,3 +168,29 @@ def test_env_example_holds_only_placeholders():
         assert f"# {name}=" in text  # documented, commented out
     uncommented = dotenv_values(stream=__import__("io").StringIO(text.replace("# DATA_REMOTE=", "DATA_REMOTE=")))
     s3.parse_s3_url(uncommented["DATA_REMOTE"])
+
+
+def test_a_tree_of_component_roots_goes_up_whole(tmp_path, capsys, monkeypatch):
+    """to_mds.py on a prepare_data --by-subset folder writes MDS/<component>/train, val: upload_s3.py takes the
+    tree as it is (moto), every dataset's files under its own prefix, and a second run skips them all."""
+    import boto3
+    from moto import mock_aws
+
+    for name in ("AWS_ENDPOINT_URL", "S3_ENDPOINT_URL", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
+                        ("AWS_DEFAULT_REGION", "us-east-1")):
+        monkeypatch.setenv(name, value)
+    root = tmp_path / "mds"
+    for k, sub in enumerate(("pile-cc/train", "pile-cc/val", "ubuntu_irc/train")):
+        write_random_mds(root / sub, 300, BLOCK, 1 << 14, seed=k)
+    local = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+    with mock_aws():
+        client = boto3.client("s3", region_name="us-east-1")
+        client.create_bucket(Bucket="pile")
+        uploaded, skipped, _ = upload_s3_main(capsys, root, "s3://pile/mds")
+        keys = sorted(o["Key"] for o in client.list_objects_v2(Bucket="pile")["Contents"])
+        assert keys == ["mds/" + rel for rel in local] and (uploaded, skipped) == (len(local), 0)
+        assert {k.rsplit("/", 1)[0] for k in keys if k.endswith("/index.json")} == {
+            "mds/pile-cc/train", "mds/pile-cc/val", "mds/ubuntu_irc/train"}
+        assert upload_s3_main(capsys, root, "s3://pile/mds")[:2] == (0, len(local))
