@@ -3,12 +3,11 @@
 # (prepare_data.py --by-subset writes OUT/<name>/ per component; to_mds.py one MDS root per component).
 #   python -m pilegpt.launch -n 8 train.py config/pile_mix.py
 #   PILE_MIX_DATA=s3://bucket/pile-mds python -m pilegpt.launch -n 8 train.py config/pile_mix.py  (MDS roots on S3)
-# A folder is matched to a component by meta.json's pile_set_name when it has one, else by its name, letters and
-# digits only, case ignored ("pile_cc", "Pile-CC" -> Pile-CC). Components absent from the folder are left out: with
-# repeat weights the others keep their epochs, so their shares of an epoch grow in proportion (renormalised), and
-# the line below names the absent ones. monology/pile-uncopyrighted (prepare_data's default mirror) has no Books3,
+# A folder is matched to a component by its name: prepare_data's (pilegpt.data.subset_folder: "pile-cc",
+# "gutenberg_pg-19"), or else its letters and digits, case ignored ("PileCC" -> Pile-CC). Components absent from
+# the folder are left out: with repeat weights the others keep their epochs, so their shares of an epoch grow in
+# proportion (renormalised), and the line below names the absent ones. monology/pile-uncopyrighted (prepare_data's default mirror) has no Books3,
 # BookCorpus2, OpenSubtitles or YoutubeSubtitles (docs/training.md#mixing-components).
-import json
 import os
 
 base = "pile.py"  # the model, batch and schedule of GPT-2 124M on the Pile
@@ -42,15 +41,17 @@ def _folders(base_dir):
 
 
 def _component(folder):
-    meta = os.path.join(folder, "meta.json")
-    name = json.load(open(meta)).get("pile_set_name") if os.path.isfile(meta) else None
-    return name or folder.rstrip("/").rsplit("/", 1)[-1]
+    """The Pile component a folder holds, by its name; None if none."""
+    from pilegpt.data import subset_folder
+
+    name = folder.rstrip("/").rsplit("/", 1)[-1]
+    by_folder = {subset_folder(n): n for n in _PILE_EPOCHS}
+    return by_folder.get(name) or {_key(n): n for n in _PILE_EPOCHS}.get(_key(name))
 
 
-_by_key = {_key(name): name for name in _PILE_EPOCHS}
 _found = {}
 for _folder in _folders(_base_dir):
-    _name = _by_key.get(_key(_component(_folder)))
+    _name = _component(_folder)
     if _name is None:
         raise ValueError(f"{_folder} is not a Pile component (one of {', '.join(_PILE_EPOCHS)}): move it out of "
                          f"{_base_dir}")

@@ -104,3 +104,22 @@ def test_data_mix_replaces_data_dir_and_refuses_both(tmp_path):
     (tmp_path / "both.py").write_text("data_dir = 'data/x'\ndata_mix = {'data/a': {'repeat': 1}}\n")
     with pytest.raises(UserError, match="data_mix names the data: pass --data_dir=None"):
         load_config([str(tmp_path / "both.py")])
+
+
+def test_pile_mix_config_gives_the_papers_epochs_to_the_components_present(tmp_path, monkeypatch, capsys):
+    from pilegpt.data import subset_folder
+    from pilegpt.train.config import read_config_file
+
+    for name in ("Pile-CC", "Gutenberg (PG-19)", "Wikipedia (en)"):  # as prepare_data.py --by-subset names them
+        write_bin(tmp_path / subset_folder(name), np.arange(200) % 50)
+    monkeypatch.setenv("PILE_MIX_DATA", str(tmp_path))
+    values = read_config_file("config/pile_mix.py")
+    assert values["data_mix"] == {str(tmp_path / "pile-cc"): {"repeat": 1.0},
+                                  str(tmp_path / "gutenberg_pg-19"): {"repeat": 2.5},
+                                  str(tmp_path / "wikipedia_en"): {"repeat": 3.0}}
+    line = capsys.readouterr().out
+    assert "3 of 22 components" in line and "Books3" in line and "Pile-CC" not in line.split("left out")[1]
+
+    (tmp_path / "shakespeare").mkdir()  # not a Pile component: one line naming the folder
+    with pytest.raises(UserError, match="shakespeare is not a Pile component"):
+        read_config_file("config/pile_mix.py")
