@@ -6,8 +6,8 @@
 # A folder is matched to a component by its name: prepare_data's (pilegpt.data.subset_folder: "pile-cc",
 # "gutenberg_pg-19"), or else its letters and digits, case ignored ("PileCC" -> Pile-CC). Components absent from
 # the folder are left out: with repeat weights the others keep their epochs, so their shares of an epoch grow in
-# proportion (renormalised), and the line below names the absent ones. monology/pile-uncopyrighted (prepare_data's default mirror) has no Books3,
-# BookCorpus2, OpenSubtitles or YoutubeSubtitles (docs/training.md#mixing-components).
+# proportion (renormalised), and the line below names the absent ones. monology/pile-uncopyrighted (prepare_data's
+# default mirror) has no Books3, BookCorpus2, OpenSubtitles or YoutubeSubtitles (docs/training.md#mixing-components).
 import os
 
 base = "pile.py"  # the model, batch and schedule of GPT-2 124M on the Pile
