@@ -108,10 +108,10 @@ def read_documents(files: list[Path], limit: Optional[int] = None, keep=lambda i
             ind += 1
 
 
-def download(split: str, url: Optional[str] = None, cache_dir: Path = CACHE_DIR) -> Path:
+def download(split: str, url: Optional[str] = None, cache_dir: Optional[Path] = None) -> Path:
     """The official `split` file (val or test) in the cache, downloaded on first use: written under a temporary
     name, checked (every line a document, at least MIN_DOCUMENTS of them), then renamed into place."""
-    url = url or f"{MIRROR}/{split}.jsonl.zst"
+    url, cache_dir = url or f"{MIRROR}/{split}.jsonl.zst", cache_dir or CACHE_DIR
     path = cache_dir / f"{split}.jsonl.zst"
     if path.is_file():
         return path
