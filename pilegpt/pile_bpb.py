@@ -27,7 +27,7 @@ MIN_DOCUMENTS = 100_000  # a sanity floor for a download: the Pile's val and tes
 POOL = 64  # batches of windows sorted by length together, so a batch pads short first windows little
 CACHE_DIR = Path(os.environ.get("PILE_GPT_CACHE", Path.home() / ".cache" / "pile-gpt")) / "pile"
 # Published Pile test-set BPB (model, bpb, source); Gao et al. 2020 give these for untuned models.
-PAPER = "Gao et al. 2020, The Pile (arXiv 2101.00027), Table 2: test-set BPB of untuned models"
+PAPER = "Gao et al. 2020, The Pile (arXiv 2101.00027): test-set BPB of GPT-2 and GPT-3, untuned"
 ANCHORS = [("OpenAI GPT-2 124M", 1.2253, PAPER), ("OpenAI GPT-2 355M", 1.0928, PAPER),
            ("OpenAI GPT-2 774M", 1.0828, PAPER), ("OpenAI GPT-2 1.5B", 1.0468, PAPER),
            ("OpenAI GPT-3 Ada", 0.9631, PAPER), ("OpenAI GPT-3 Babbage", 0.8718, PAPER),
