@@ -1,6 +1,7 @@
-"""Score a trained GPT on HellaSwag as the field does (karpathy/build-nanogpt's and llm.c's scoring: acc by the
-lowest summed loss of the ending, acc_norm by the lowest mean), from anything sample.py or init_from takes, or a
-Hugging Face GPT-2: the number to put beside OpenAI GPT-2 124M's 28.59 / 29.55. Details: docs/evaluation.md.
+"""Score a trained GPT as the field does, from anything sample.py or init_from takes, or a Hugging Face GPT-2:
+HellaSwag (karpathy/build-nanogpt's and llm.c's scoring: acc by the lowest summed loss of the ending, acc_norm by the
+lowest mean; beside OpenAI GPT-2 124M's 28.59 / 29.55), or Pile bits per byte per component as lm-evaluation-harness
+computes it (beside GPT-2 124M's 1.2253 on the Pile's test set). Details: docs/evaluation.md.
 
 Usage:
     python eval.py runs/quickstart --task hellaswag --data tests/fixtures/hellaswag_tiny.jsonl
@@ -8,7 +9,9 @@ Usage:
     python eval.py s3://bucket/runs/pile/model.pt --task hellaswag --limit 1000 --out results.json
     python eval.py gpt2 --task hellaswag                      # OpenAI's GPT-2 124M (from the Hugging Face hub)
     python eval.py runs/my_model --task hellaswag --model-class examples.my_model:MyGPT   # your own model
-    composer -n 8 eval.py runs/pile --task hellaswag          # 8 processes (GPUs) split the examples"""
+    composer -n 8 eval.py runs/pile --task hellaswag          # 8 processes (GPUs) split the examples
+    python eval.py runs/pile --task pile --data val.jsonl.zst --out pile.json   # Pile BPB per component
+    composer -n 8 eval.py runs/pile --task pile --split test  # the Pile's test file, downloaded once"""
 
 from __future__ import annotations
 
@@ -17,16 +20,17 @@ import json
 import os
 import sys
 import time
+from typing import Optional
 
 import torch
 
-from pilegpt import hellaswag
+from pilegpt import hellaswag, pile_bpb
 from pilegpt.checkpoint import add_model_class_argument
 from pilegpt.common import UserError, atomic_write_text, check_writable_folder, load_dotenv_file, pick_device, run_main
 from pilegpt.hf import load_pretrained
 from pilegpt.tokenizer import gpt2
 
-TASKS = ("hellaswag",)
+TASKS = ("hellaswag", "pile")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -35,18 +39,26 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("src", metavar="SRC", help="model.pt, Composer checkpoint, run folder (local or s3://), Hugging "
                                               "Face GPT-2 folder, or a hub name such as gpt2")
     p.add_argument("--task", choices=TASKS, required=True, help="the benchmark")
-    p.add_argument("--data", help="a local HellaSwag .jsonl (default: the official val set, downloaded once)")
-    p.add_argument("--url", default=hellaswag.URL, help="where to download the val set from (a mirror)")
-    p.add_argument("--limit", type=int, help="score only the first N examples")
-    p.add_argument("--batch-size", type=int, default=8, help="examples per forward pass, 4 rows each (default 8)")
+    p.add_argument("--data", help="hellaswag: a local .jsonl (default: the official val set, downloaded once); pile: "
+                                   "a Pile-format .jsonl(.zst) file or a folder of them (default: the --split file, "
+                                   "downloaded once)")
+    p.add_argument("--split", choices=pile_bpb.SPLITS, default="test",
+                   help="pile without --data: the Pile's val or test file (default test, the published figures')")
+    p.add_argument("--url", help=f"where to download the data from (a mirror; default hellaswag {hellaswag.URL}, "
+                                 f"pile {pile_bpb.MIRROR}/SPLIT.jsonl.zst)")
+    p.add_argument("--limit", type=int, help="score only the first N examples (documents)")
+    p.add_argument("--batch-size", type=int, help="per forward pass: hellaswag examples of 4 rows (default 8), pile "
+                                                  "windows of up to block_size tokens (default 16)")
     p.add_argument("--out", help="write the results and every prediction to this JSON file")
     p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda when available)")
     p.add_argument("--endpoint-url", default=None, help="S3-compatible endpoint for an s3:// SRC")
     add_model_class_argument(p)
     args = p.parse_args(argv)
+    if args.task == "hellaswag" and not args.url:
+        args.url = hellaswag.URL
     if args.limit is not None and args.limit < 1:
         raise UserError(f"--limit must be >= 1, got {args.limit}")
-    if args.batch_size < 1:
+    if args.batch_size is not None and args.batch_size < 1:
         raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.out:  # checked before any example is scored
         check_out_file(args.out)
@@ -65,43 +77,91 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     load_dotenv_file()
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = pick_device(args.device, local_rank)
+    device = pick_device(args.device, int(os.environ.get("LOCAL_RANK", "0")))
     if world > 1:
         from composer.utils import dist
 
         dist.initialize_dist("gpu" if device.type == "cuda" else "cpu")
-        if rank == 0 and not args.data:
-            hellaswag.download(args.url)  # once, before the other processes read it from the cache
+        if rank == 0 and not args.data and args.task == "hellaswag":  # once, before the others read the cache
+            hellaswag.download(args.url)
+        elif rank == 0 and not args.data:
+            pile_bpb.download(args.split, args.url)
         dist.barrier()
-    examples = hellaswag.load_examples(args.data, args.url, args.limit)
     model, origin = load_pretrained(args.src, endpoint_url=args.endpoint_url, what="SRC", model_class=args.model_class)
     model = model.to(device).eval()
     autocast = torch.bfloat16 if device.type == "cuda" else None
-    mine = examples[rank::world]  # every world-th example: the processes split them evenly
+    run = run_hellaswag if args.task == "hellaswag" else run_pile
+    return run(args, model, device, autocast, (world, rank), f"on {world} x {device.type} ({origin})")
+
+
+def gather(items: list, world: int) -> list:
+    """Every process's items, on every process (this process's own when alone)."""
+    if world == 1:
+        return items
+    from composer.utils import dist
+
+    return [item for part in dist.all_gather_object(items) for item in part]
+
+
+def progress_bar(total: Optional[int], unit: str, desc: str, rank: int):
     from tqdm import tqdm
 
-    t0 = time.time()
-    with tqdm(total=len(mine), unit="ex", desc=args.task, disable=rank != 0, file=sys.stderr,
-              mininterval=0.5 if sys.stderr.isatty() else 30) as bar:
-        predictions = hellaswag.evaluate(model, mine, gpt2(), device, args.batch_size, autocast, bar)
-    if world > 1:
-        from composer.utils import dist
+    return tqdm(total=total, unit=unit, desc=desc, disable=rank != 0, file=sys.stderr,
+                mininterval=0.5 if sys.stderr.isatty() else 30)
 
-        predictions = sorted((p for part in dist.all_gather_object(predictions) for p in part), key=lambda p: p.ind)
+
+def run_hellaswag(args, model, device, autocast, world_rank: tuple[int, int], where: str) -> int:
+    """Score HellaSwag (this process: every world-th example), print acc and acc_norm, write --out on rank 0."""
+    world, rank = world_rank
+    examples = hellaswag.load_examples(args.data, args.url, args.limit)
+    mine = examples[rank::world]  # every world-th example: the processes split them evenly
+    t0 = time.time()
+    with progress_bar(len(mine), "ex", args.task, rank) as bar:
+        predictions = hellaswag.evaluate(model, mine, gpt2(), device, args.batch_size or 8, autocast, bar)
+    predictions = sorted(gather(predictions, world), key=lambda p: p.ind)
     seconds = time.time() - t0
     if rank != 0:
         return 0
     acc, acc_norm = hellaswag.accuracy(predictions)
     if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        atomic_write_text(args.out, json.dumps({
-            "task": args.task, "n": len(predictions), "acc": acc, "acc_norm": acc_norm, "source": args.src,
-            "data": args.data or args.url, "predictions": [p._asdict() for p in predictions]}, indent=1) + "\n")
+        write_out(args.out, {"task": args.task, "n": len(predictions), "acc": acc, "acc_norm": acc_norm,
+                             "source": args.src, "data": args.data or args.url,
+                             "predictions": [p._asdict() for p in predictions]})
     print(f"{args.task}: {len(predictions):,} examples, acc {acc:.4f}, acc_norm {acc_norm:.4f}, "
-          f"{len(predictions) / max(seconds, 1e-9):.1f} examples/s on {world} x {device.type} ({origin})"
+          f"{len(predictions) / max(seconds, 1e-9):.1f} examples/s {where}"
           + (f"; results in {args.out}" if args.out else ""), flush=True)
     return 0
+
+
+def run_pile(args, model, device, autocast, world_rank: tuple[int, int], where: str) -> int:
+    """Pile BPB (this process: every world-th document), per component and overall; --out written on rank 0."""
+    world, rank = world_rank
+    files = pile_bpb.data_files(args.data) if args.data else [pile_bpb.download(args.split, args.url)]
+    docs = pile_bpb.read_documents(files, args.limit, keep=lambda ind: ind % world == rank)
+    t0 = time.time()
+    with progress_bar(None, "doc", args.task, rank) as bar:
+        scored = pile_bpb.evaluate(model, docs, gpt2(), device, args.batch_size or 16, autocast, bar)
+    scored = sorted(gather(scored, world), key=lambda s: s.ind)
+    seconds = time.time() - t0
+    if rank != 0:
+        return 0
+    if not scored:
+        raise UserError(f"{args.data or files[0]} holds no documents; pass the Pile's val.jsonl.zst or test.jsonl.zst")
+    results = pile_bpb.summarize(scored)
+    if args.out:
+        write_out(args.out, {**results, "source": args.src, "data": [str(f) for f in files],
+                             "per_document": [{**s._asdict(), "bits": s.bits} for s in scored]})
+    for name, c in results["components"].items():
+        print(f"pile: {name:<20} bpb {c['bpb']:.4f} ({c['documents']:,} documents, {c['bytes']:,} bytes)")
+    print(f"pile: {results['documents']:,} documents, bpb {results['bpb']:.4f} (all bits over all bytes), "
+          f"{results['tokens'] / max(seconds, 1e-9):,.0f} tokens/s {where}"
+          + (f"; results in {args.out}" if args.out else ""), flush=True)
+    return 0
+
+
+def write_out(out: str, results: dict) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    atomic_write_text(out, json.dumps(results, indent=1) + "\n")
 
 
 if __name__ == "__main__":

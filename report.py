@@ -1,5 +1,5 @@
 """Write a run's report.md (and loss.png): what a person reads instead of its logs, each figure naming the file it
-comes from (config.json, metrics.jsonl, hellaswag*.json). train.py writes it at the end of every run.
+comes from (config.json, metrics.jsonl, hellaswag*.json, pile*.json). train.py writes it at the end of every run.
 Details: docs/training.md.
 
 Usage:

@@ -20,7 +20,7 @@ from typing import Optional
 
 import numpy as np
 
-from pilegpt import storage
+from pilegpt import pile_bpb, storage
 from pilegpt.common import UserError, atomic_path, atomic_write_text
 from pilegpt.hellaswag import ANCHORS
 
@@ -121,21 +121,32 @@ def read_metrics_file(path: Path, metrics: Metrics) -> Metrics:
 
 
 def read_results(folder, names: list[str]) -> tuple[dict[str, dict], list[str]]:
-    """eval.py's HellaSwag results saved in the run folder (hellaswag*.json), and the names of those that are not."""
+    """eval.py's results saved in the run folder (hellaswag*.json, pile*.json), and the names of those that are not."""
     results, skipped = {}, []
     for n in names:
-        if "/" in n or not (n.startswith("hellaswag") and n.endswith(".json")):
+        if "/" in n or not (n.startswith(("hellaswag", "pile")) and n.endswith(".json")):
             continue
         try:
             r = json.loads(folder.read(n))
         except (ValueError, UserError):
             r = None
-        if (isinstance(r, dict) and isinstance(r.get("n"), int)
-                and all(isinstance(r.get(k), (int, float)) for k in ("acc", "acc_norm"))):
+        if is_hellaswag_result(r) or is_pile_result(r):
             results[n] = r
         else:
             skipped.append(n)
     return results, skipped
+
+
+def is_hellaswag_result(r) -> bool:
+    return (isinstance(r, dict) and r.get("task", "hellaswag") == "hellaswag" and isinstance(r.get("n"), int)
+            and all(isinstance(r.get(k), (int, float)) for k in ("acc", "acc_norm")))
+
+
+def is_pile_result(r) -> bool:
+    components = r.get("components") if isinstance(r, dict) else None
+    return (isinstance(r, dict) and r.get("task") == "pile" and isinstance(r.get("bpb"), (int, float))
+            and isinstance(components, dict) and all(isinstance(c, dict) and isinstance(c.get("bpb"), (int, float))
+                                                     for c in components.values()))
 
 
 def read_run(src: str) -> tuple[dict, Metrics, dict[str, dict], dict[str, str]]:
@@ -184,6 +195,7 @@ def render(info: dict, metrics: Metrics, results: dict[str, dict], sources: dict
     lines += mix_lines(info.get("data_mix"))
     lines += ["", f"## Training (source: `{sources['metrics']}`)", ""] + training_lines(metrics)
     lines += ["", "## HellaSwag", ""] + hellaswag_lines(config, metrics, results, sources)
+    lines += ["", "## Pile bits per byte", ""] + pile_lines(results)
     if plot:
         lines += ["", "## Loss curve", "", f"![loss curve]({PLOT})", "", f"`{PLOT}`: {plot.rsplit(' -> ', 1)[0]}"]
     return "\n".join(lines) + "\n"
@@ -240,13 +252,27 @@ def hellaswag_lines(config: dict, metrics: Metrics, results: dict[str, dict], so
         lines.append(f"| this run, batch {hs['batch']} (first {config.get('hellaswag_examples')} examples, in "
                      f"training) | {100 * hs['hellaswag_acc']:.2f} | {100 * hs['hellaswag_acc_norm']:.2f} | "
                      f"`{sources['metrics']}` |")
-    for name, r in sorted(results.items()):
+    for name, r in sorted((n, r) for n, r in results.items() if is_hellaswag_result(r)):
         lines.append(f"| this run, eval.py on {r.get('source')} ({r['n']:,} examples) | {100 * r['acc']:.2f} | "
                      f"{100 * r['acc_norm']:.2f} | `{name}` |")
     lines += [f"| {model} | {acc:.2f} | {acc_norm:.2f} | {source} |" for model, acc, acc_norm, source in ANCHORS]
     if sources.get("skipped_results"):
         lines += ["", f"Not eval.py results, skipped: {sources['skipped_results']}."]
     return lines
+
+
+def pile_lines(results: dict[str, dict]) -> list[str]:
+    """The Pile BPB table: eval.py --task pile's saved results (overall, then each component), the paper's figures."""
+    lines = ["| model | documents | bits per byte | source |", "|---|---|---|---|"]
+    for name, r in sorted((n, r) for n, r in results.items() if is_pile_result(r)):
+        lines.append(f"| this run, eval.py on {r.get('source')}: all components (all bits over all bytes) | "
+                     f"{r.get('documents', 0):,} | {r['bpb']:.4f} | `{name}` |")
+        lines += [f"| this run: {component} | {c.get('documents', 0):,} | {c['bpb']:.4f} | `{name}` |"
+                  for component, c in r["components"].items()]
+    lines += [f"| {model}, the Pile's test set | | {bpb:.4f} | {source} |" for model, bpb, source in pile_bpb.ANCHORS]
+    return lines + ["", "The published figures are the whole test set's; per-component figures of these models are "
+                    "not listed (docs/evaluation.md#pile-bits-per-byte). `python eval.py RUN --task pile --out "
+                    "RUN/pile.json` adds this run's."]
 
 
 def write_report(src: str) -> str:

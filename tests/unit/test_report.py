@@ -1,7 +1,7 @@
 """report.py: a run's report.md from a local run folder, with every figure and its source (from a run folder on S3:
 tests/e2e/test_report.py)."""
 
-
+import json
 
 import report
 from helpers import check_report, write_report_run
@@ -14,3 +14,23 @@ def test_report_of_a_local_run(tmp_path):
     assert (tmp_path / "loss.png").read_bytes()[:4] == b"\x89PNG"
 
 
+
+
+def test_report_shows_eval_py_pile_results_beside_the_papers_figures(tmp_path):
+    write_report_run(tmp_path)
+    (tmp_path / "pile.json").write_text(json.dumps({
+        "task": "pile", "bpb": 1.5, "documents": 3, "source": "runs/r/model.pt",
+        "components": {"ArXiv": {"bpb": 1.25, "documents": 1, "bytes": 10, "tokens": 4},
+                       "Pile-CC": {"bpb": 1.75, "documents": 2, "bytes": 10, "tokens": 5}}}))
+    (tmp_path / "pile_broken.json").write_text('{"task": "pile", "bpb": "high"}')
+    assert report.main([str(tmp_path)]) == 0
+    text = (tmp_path / "report.md").read_text()
+    section = text[text.index("## Pile bits per byte"):]
+    assert ("| this run, eval.py on runs/r/model.pt: all components (all bits over all bytes) | 3 | 1.5000 | "
+            "`pile.json` |") in section
+    assert "| this run: ArXiv | 1 | 1.2500 | `pile.json` |" in section
+    assert "| this run: Pile-CC | 2 | 1.7500 | `pile.json` |" in section
+    assert "| OpenAI GPT-2 124M, the Pile's test set | | 1.2253 | Gao et al. 2020" in section
+    assert "| OpenAI GPT-3 Davinci, the Pile's test set | | 0.7177 |" in section
+    assert "Not eval.py results, skipped: pile_broken.json." in text
+    check_report(text, str(tmp_path / "metrics.jsonl"))  # the HellaSwag table has no pile row

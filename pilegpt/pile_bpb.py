@@ -1,0 +1,262 @@
+"""Pile bits per byte as lm-evaluation-harness computes it for its pile_* tasks: each document scored on its own in
+rolling windows of the model's block_size (the first predicted from <|endoftext|>), bpb = -sum loglik / ln 2 /
+sum UTF-8 bytes, per component (meta.pile_set_name) and overall; the documents from a local Pile-format file or the
+official val/test file, downloaded once. Details: docs/evaluation.md#pile-bits-per-byte."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Iterator, NamedTuple, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from pilegpt.common import UserError, atomic_path
+from pilegpt.custom_model import context_length
+
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"  # the first 4 bytes of a zstd frame
+MIRROR = "https://huggingface.co/datasets/monology/pile-uncopyrighted/resolve/main"
+SPLITS = ("val", "test")
+MIN_DOCUMENTS = 100_000  # a sanity floor for a download: the Pile's val and test files hold about 215,000 each
+POOL = 64  # batches of windows sorted by length together, so a batch pads short first windows little
+CACHE_DIR = Path(os.environ.get("PILE_GPT_CACHE", Path.home() / ".cache" / "pile-gpt")) / "pile"
+# Published Pile test-set BPB (model, bpb, source); Gao et al. 2020 give these for untuned models.
+PAPER = "Gao et al. 2020, The Pile (arXiv 2101.00027): test-set BPB of GPT-2 and GPT-3, untuned"
+ANCHORS = [("OpenAI GPT-2 124M", 1.2253, PAPER), ("OpenAI GPT-2 355M", 1.0928, PAPER),
+           ("OpenAI GPT-2 774M", 1.0828, PAPER), ("OpenAI GPT-2 1.5B", 1.0468, PAPER),
+           ("OpenAI GPT-3 Ada", 0.9631, PAPER), ("OpenAI GPT-3 Babbage", 0.8718, PAPER),
+           ("OpenAI GPT-3 Curie", 0.7980, PAPER), ("OpenAI GPT-3 Davinci", 0.7177, PAPER)]
+
+
+class Document(NamedTuple):
+    ind: int  # the document's index in the data (0-based, files in name order)
+    component: str  # meta.pile_set_name
+    text: str
+
+
+def parse(line: bytes, where: str, ind: int) -> Document:
+    """One line of a Pile-format file ({"text": ..., "meta": {"pile_set_name": ...}}); a UserError naming `where`
+    (file:line) when it is not one."""
+    try:
+        record = json.loads(line)
+    except ValueError as e:
+        raise UserError(f"{where}: not a JSON object ({e}); each line of a Pile file is one document") from None
+    if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+        raise UserError(f"{where}: no text field 'text'; each line of a Pile file is a JSON object "
+                        '{"text": ..., "meta": {"pile_set_name": ...}}')
+    meta = record.get("meta")
+    name = meta.get("pile_set_name") if isinstance(meta, dict) else None
+    if not isinstance(name, str) or not name:
+        raise UserError(f"{where}: no component name meta.pile_set_name; Pile BPB is reported per component")
+    return Document(ind, name, record["text"])
+
+
+def data_files(data: str) -> list[Path]:
+    """The .jsonl / .jsonl.zst files of --data: the file itself, or a folder's, in name order."""
+    path = Path(data)
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith((".jsonl", ".jsonl.zst")))
+        if not files:
+            raise UserError(f"--data {data}: the folder holds no .jsonl or .jsonl.zst file; pass the Pile's "
+                            "val.jsonl.zst or test.jsonl.zst")
+        return files
+    if not path.is_file():
+        raise UserError(f"--data {data}: no such file or folder; pass the Pile's val.jsonl.zst or test.jsonl.zst")
+    return [path]
+
+
+def read_lines(path: Path) -> Iterator[bytes]:
+    """The lines of a JSON lines file, zstd-compressed or not (told by its first bytes), without their \\n; a cut-off
+    zstd file is a UserError."""
+    import zstandard
+
+    from pilegpt.prepare.sources import ZstdReader  # the repo's zstd reader: a truncated frame is an error
+
+    try:
+        with open(path, "rb") as raw:
+            f = ZstdReader(raw) if raw.peek(4)[:4] == ZSTD_MAGIC else raw
+            rest = b""
+            while chunk := f.read(1 << 20):
+                lines = (rest + chunk).split(b"\n")  # JSON lines end at \n only (U+2028 may sit inside a string)
+                rest = lines.pop()
+                yield from lines
+            if rest:
+                yield rest
+    except (OSError, zstandard.ZstdError) as e:
+        raise UserError(f"cannot read {path} ({e}); the file is damaged or cut off: copy or download it "
+                        "again") from None
+
+
+def read_documents(files: list[Path], limit: Optional[int] = None, keep=lambda ind: True) -> Iterator[Document]:
+    """The documents of `files` in order (blank lines skipped), the first `limit`; `keep(ind)` False: the line is
+    counted but not parsed (another process scores it)."""
+    ind = 0
+    for path in files:
+        for i, line in enumerate(read_lines(path)):
+            if limit is not None and ind >= limit:
+                return
+            if not line.strip():
+                continue
+            if keep(ind):
+                yield parse(line, f"{path}:{i + 1}", ind)
+            ind += 1
+
+
+def download(split: str, url: Optional[str] = None, cache_dir: Optional[Path] = None) -> Path:
+    """The official `split` file (val or test) in the cache, downloaded on first use: written under a temporary
+    name, checked (every line a document, at least MIN_DOCUMENTS of them), then renamed into place."""
+    url, cache_dir = url or f"{MIRROR}/{split}.jsonl.zst", cache_dir or CACHE_DIR
+    path = cache_dir / f"{split}.jsonl.zst"
+    if path.is_file():
+        return path
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        try:
+            with urllib.request.urlopen(url, timeout=30) as response, open(tmp, "wb") as out:
+                while chunk := response.read(1 << 20):
+                    out.write(chunk)
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            reason = getattr(e, "reason", None) or e
+            raise UserError(f"cannot download the Pile's {split} set from {url} ({reason}): offline? pass a local "
+                            f"copy of {split}.jsonl.zst with --data FILE") from None
+        n = sum(1 for _ in read_documents([Path(tmp)]))
+        if n < MIN_DOCUMENTS:
+            raise UserError(f"the download from {url} holds {n:,} documents, fewer than {MIN_DOCUMENTS:,}: not the "
+                            f"Pile's {split} set (nothing kept); pass a local copy with --data FILE")
+    return path
+
+
+def encode(enc, text: str) -> list[int]:
+    """The document's tokens as lm-eval's Hugging Face GPT-2 tokenizer gives them: a literal "<|endoftext|>" in the
+    text becomes that token, as the harness's tokenizer splits on its special tokens."""
+    return enc.encode(text, allowed_special=enc.special_tokens_set)
+
+
+class Window(NamedTuple):
+    start: int  # the first input token, in the document's [<|endoftext|>] + tokens
+    length: int  # input tokens: length <= block_size
+    scored: int  # the last `scored` positions are scored (each predicts the token after it)
+
+
+def rolling_windows(n_tokens: int, block_size: int) -> list[Window]:
+    """lm-eval's get_rolling_token_windows(context_len=1) after make_disjoint_window, on [eot] + tokens: the first
+    window predicts the first min(T, n) tokens from <|endoftext|> on; each next one predicts the next up to T tokens
+    from the T tokens before each (a full window ending at the last token it predicts)."""
+    first = min(block_size, n_tokens)
+    windows = [Window(0, first, first)] if n_tokens else []
+    done = first
+    while done < n_tokens:
+        scored = min(n_tokens - done, block_size)
+        end = done + scored  # in [eot] + tokens, the last predicted token sits at index `end`
+        windows.append(Window(end - block_size, block_size, scored))
+        done = end
+    return windows
+
+
+class Scored(NamedTuple):
+    ind: int
+    component: str
+    bytes: int  # UTF-8 bytes of the text
+    tokens: int
+    loglik: float  # natural log-likelihood of all the document's tokens (lm-eval's loglikelihood_rolling)
+
+    @property
+    def bits(self) -> float:
+        return -self.loglik / math.log(2)
+
+
+class Batch(NamedTuple):
+    idx: torch.Tensor  # (B, T) input tokens, right-padded
+    targets: torch.Tensor  # (B, T) the token each position predicts, -1 where it is not scored
+    owner: list[int]  # the position in the pool of the document each row belongs to
+
+
+def make_batches(streams: list[np.ndarray], block_size: int, batch_size: int) -> list[Batch]:
+    """The rolling windows of these documents ([eot] + tokens each), sorted by length (less padding) and cut into
+    batches of batch_size rows."""
+    rows = [(owner, w) for owner, s in enumerate(streams) for w in rolling_windows(len(s) - 1, block_size)]
+    rows.sort(key=lambda r: r[1].length)
+    batches = []
+    for i in range(0, len(rows), batch_size):
+        part = rows[i:i + batch_size]
+        T = max(w.length for _, w in part)
+        idx = np.zeros((len(part), T), dtype=np.int64)
+        targets = np.full((len(part), T), -1, dtype=np.int64)
+        for r, (owner, w) in enumerate(part):
+            s = streams[owner]
+            idx[r, :w.length] = s[w.start:w.start + w.length]
+            first = w.length - w.scored  # the first scored position
+            targets[r, first:w.length] = s[w.start + first + 1:w.start + w.length + 1]
+        batches.append(Batch(torch.from_numpy(idx), torch.from_numpy(targets), [owner for owner, _ in part]))
+    return batches
+
+
+@torch.no_grad()
+def window_logliks(model, batch: Batch, device: torch.device, autocast_dtype=None) -> torch.Tensor:
+    """(B,) float64: each row's summed log-likelihood of its scored tokens, in one forward pass. Rows are
+    right-padded: causal attention never looks right, so padding changes no score."""
+    idx, targets = batch.idx.to(device, non_blocking=True), batch.targets.to(device, non_blocking=True)
+    with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+        logits, _ = model(idx, targets)  # with targets, every position's logits: (B, T, V)
+    losses = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-1, reduction="none")
+    return -losses.view(targets.shape).double().sum(dim=1).cpu()
+
+
+def score_pool(model, docs: list[Document], enc, device, batch_size: int, autocast_dtype=None) -> list[Scored]:
+    """Score these documents: their windows in batches of batch_size rows, the log-likelihoods summed per document."""
+    block_size = context_length(model)
+    if block_size is None:
+        raise UserError(f"{type(model).__name__} states no block_size (nor config.block_size): Pile BPB's windows "
+                        "are the model's context, so give the model a block_size attribute")
+    eot = enc.eot_token
+    streams = [np.array([eot] + encode(enc, d.text), dtype=np.int64) for d in docs]
+    totals = torch.zeros(len(docs), dtype=torch.float64)
+    for batch in make_batches(streams, block_size, batch_size):
+        totals.index_add_(0, torch.tensor(batch.owner), window_logliks(model, batch, device, autocast_dtype))
+    return [Scored(d.ind, d.component, len(d.text.encode("utf-8")), len(s) - 1, float(t))
+            for d, s, t in zip(docs, streams, totals)]
+
+
+def evaluate(model, docs, enc, device: torch.device, batch_size: int = 16, autocast_dtype=None,
+             progress=None) -> list[Scored]:
+    """Score an iterable of documents, POOL x batch_size windows' worth at a time (about: a pool closes once its
+    documents have that many windows)."""
+    block_size = context_length(model) or 1
+    scored, pool, windows = [], [], 0
+    for doc in docs:
+        pool.append(doc)
+        windows += max(1, math.ceil(len(doc.text) / 2 / block_size))  # a guess (~2 characters a token) to size pools
+        if windows >= POOL * batch_size:
+            scored += score_pool(model, pool, enc, device, batch_size, autocast_dtype)
+            if progress is not None:
+                progress.update(len(pool))
+            pool, windows = [], 0
+    if pool:
+        scored += score_pool(model, pool, enc, device, batch_size, autocast_dtype)
+        if progress is not None:
+            progress.update(len(pool))
+    return scored
+
+
+def summarize(scored: list[Scored]) -> dict:
+    """The results: bpb per component and overall (all documents' bits over all their bytes), and their counts."""
+    components: dict[str, dict] = {}
+    for s in sorted(scored, key=lambda s: s.ind):
+        c = components.setdefault(s.component, {"bits": 0.0, "documents": 0, "bytes": 0, "tokens": 0})
+        c["bits"] += s.bits
+        c["documents"] += 1
+        c["bytes"] += s.bytes
+        c["tokens"] += s.tokens
+    out = {name: {"bpb": c["bits"] / max(c["bytes"], 1), "documents": c["documents"], "bytes": c["bytes"],
+                  "tokens": c["tokens"]} for name, c in sorted(components.items())}
+    total_bytes = sum(c["bytes"] for c in components.values())
+    return {"task": "pile", "bpb": sum(c["bits"] for c in components.values()) / max(total_bytes, 1),
+            "overall": "all documents' bits over all their bytes (not a mean of the components)",
+            "documents": len(scored), "bytes": total_bytes, "tokens": sum(c["tokens"] for c in components.values()),
+            "components": out}

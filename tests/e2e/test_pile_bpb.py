@@ -1,0 +1,62 @@
+"""eval.py --task pile against the field's implementation: lm-evaluation-harness, offline, on the export_hf folder,
+with local tasks in the pile_* tasks' format (one per component), gives our bits per byte per component. The scoring
+itself: tests/unit/test_pile_bpb.py."""
+
+import json
+
+import pytest
+import torch
+
+import eval as eval_script
+import export_hf
+from model import GPT, GPTConfig
+from pilegpt.checkpoint import save_export
+from tests.unit.test_pile_bpb import pile_documents, write_pile
+
+# lm-eval's pile_* task (lm_eval/tasks/pile/pile_arxiv.yaml, 0.4.13) on a local file instead of EleutherAI/pile.
+TASK = """task: {task}
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: loglikelihood_rolling
+doc_to_text: ""
+doc_to_target: "{{{{text}}}}"
+metric_list:
+  - metric: bits_per_byte
+    aggregation: bits_per_byte
+    higher_is_better: false
+"""
+
+
+def test_lm_evaluation_harness_bits_per_byte_equal_eval_py_per_component(tmp_path, monkeypatch):
+    lm_eval = pytest.importorskip("lm_eval")
+    from lm_eval.tasks import TaskManager
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    torch.manual_seed(6)
+    model = GPT(GPTConfig(block_size=64, vocab_size=50257, n_layer=2, n_head=2, n_embd=32)).eval()
+    save_export(model, tmp_path / "model.pt")
+    export_hf.main([str(tmp_path / "model.pt"), str(tmp_path / "hf")])
+    records = [r for r in pile_documents() if r["text"]]  # the harness's json loader has nothing to score in ""
+    write_pile(tmp_path / "test.jsonl.zst", records)
+    tasks = {}
+    (tmp_path / "task").mkdir()
+    for name in sorted({r["meta"]["pile_set_name"] for r in records}):
+        task = "tiny_pile_" + "".join(c for c in name.lower() if c.isalnum())
+        data = tmp_path / "task" / f"{task}.jsonl"
+        write_pile(data, [r for r in records if r["meta"]["pile_set_name"] == name])
+        (tmp_path / "task" / f"{task}.yaml").write_text(TASK.format(task=task, data=data))
+        tasks[task] = name
+    results = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={tmp_path / 'hf'}", tasks=list(tasks),
+                                      task_manager=TaskManager(include_path=str(tmp_path / "task")), batch_size=4,
+                                      device="cpu")
+    assert eval_script.main([str(tmp_path / "model.pt"), "--task", "pile", "--data", str(tmp_path / "test.jsonl.zst"),
+                             "--out", str(tmp_path / "ours.json")]) == 0
+    ours = json.loads((tmp_path / "ours.json").read_text())
+    assert len(tasks) == len(ours["components"]) == 3 and ours["documents"] == len(records)
+    for task, name in tasks.items():
+        theirs = results["results"][task]["bits_per_byte,none"]
+        assert ours["components"][name]["bpb"] == pytest.approx(theirs, rel=1e-4), (name, theirs)
