@@ -82,8 +82,8 @@ def val_windows(data_dir: Path, block_size: int):
     return torch.from_numpy(x.astype(np.int64)), torch.from_numpy(y.astype(np.int64))
 
 
-def val_loss(model, x, y, batch: int = 64) -> float:
-    """Mean cross-entropy over every val window."""
+def val_loss(model, x, y, batch: int = 16) -> float:
+    """Mean cross-entropy over every val window (16 at a time: a (16, T, V) logits tensor, not a page-faulting GB)."""
     import torch
 
     model.eval()
