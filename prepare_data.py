@@ -48,7 +48,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     src.add_argument("--dataset", default=None,
                      help=f"HF Hub dataset name, fsspec URL or local folder (default {sources.DEFAULT_DATASET} when no "
                           "--input)")
-    src.add_argument("--input", nargs="+", metavar="PATH_OR_GLOB", help="local files, globs or folders")
+    src.add_argument("--input", nargs="+", action="extend", metavar="PATH_OR_GLOB",
+                     help="local files, globs or folders (repeatable)")
     p.add_argument("--dataset-config", default=None, metavar="NAME",
                    help="the configuration of a --dataset read through `datasets` (e.g. sample-10BT for FineWeb)")
     p.add_argument("--out-dir", default=DEFAULT_OUT_DIR, help=f"output folder (default {DEFAULT_OUT_DIR})")

@@ -322,3 +322,8 @@ def test_a_token_id_outside_the_vocabulary_is_an_error_not_a_wrap_around(tmp_pat
 # ---- any Hugging Face dataset: Parquet through `datasets`, streamed --------------------------------------
 
 
+
+
+def test_input_given_twice_reads_every_file_named():
+    """`--input a --input b` reads both files: a second --input adds to the first, never replaces it."""
+    assert prepare_data.parse_args(["--input", "a", "b", "--input", "c"]).input == ["a", "b", "c"]
