@@ -19,6 +19,7 @@ from helpers import (
     SMALL,
     failed_with_one_line,
     losses_by_batch,
+    main_error,
     read_jsonl,
     run_command,
     run_train,
@@ -122,17 +123,22 @@ def test_a_damaged_shard_stops_training_with_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("duration", ["1ep", "5ba"])
-def test_mds_data_smaller_than_one_global_batch_is_refused_before_training(tmp_path, duration):
+def test_mds_data_smaller_than_one_global_batch_is_refused_before_training(tmp_path, duration, capsys):
     """3 samples, a global batch of 4: "5ba" waited forever for a batch, "1ep" ended "done: 0 batches" with an
-    untrained model.pt."""
+    untrained model.pt. "5ba" through the command line (its last line is the error), "1ep" in this process."""
     root = tmp_path / "mds"
     assert write_mds(root / "train", np.arange(3 * 32 + 1, dtype=np.uint16), 32, vocab_size=50257) == 3
-    result = run_train([f"--data_dir={root}", *TRAIN, f"--max_duration={duration}",
-                        "--warmup=0ba" if duration == "5ba" else "--warmup=0ep", f"--save_folder={tmp_path / 'run'}",
-                        f"--data_local={tmp_path / 'cache'}"], tmp_path, timeout=120)
-    assert failed_with_one_line(result) == result[1].strip().splitlines()[-1] == (
-        f"error: the MDS train split of ['{root}'] has 3 samples of 32 tokens, fewer than one global batch (4): "
-        "lower --global_batch_size or use more data")
+    argv = [f"--data_dir={root}", *TRAIN, f"--max_duration={duration}",
+            "--warmup=0ba" if duration == "5ba" else "--warmup=0ep", f"--save_folder={tmp_path / 'run'}",
+            f"--data_local={tmp_path / 'cache'}"]
+    if duration == "5ba":
+        result = run_train(argv, tmp_path, timeout=120)
+        line = failed_with_one_line(result)
+        assert line == result[1].strip().splitlines()[-1]
+    else:
+        line = main_error(train.main, argv, capsys, alone=False)
+    assert line == (f"error: the MDS train split of ['{root}'] has 3 samples of 32 tokens, fewer than one global batch "
+                    "(4): lower --global_batch_size or use more data")
     assert not (tmp_path / "run" / "model.pt").exists()
 
 
@@ -146,17 +152,23 @@ def hostile_index(split_dir: Path, name: str, kind: str = "zip_data") -> None:
 
 
 @pytest.mark.parametrize("kind", ["zip_data", "raw_data"])
-def test_an_index_naming_a_file_outside_its_folder_is_refused_and_the_file_kept(tmp_path, kind):
+def test_an_index_naming_a_file_outside_its_folder_is_refused_and_the_file_kept(tmp_path, kind, capsys):
     """A shared dataset whose index names an existing file of the user's: training used to decompress the shard
-    outside data_local and, the file failing the shard's checksum, delete it."""
+    outside data_local and, the file failing the shard's checksum, delete it. zip_data through the command line (its
+    last line is the error), raw_data in this process."""
     root = write_mds_splits(tmp_path / "mds", np.random.default_rng(3).integers(0, 50257, 20_000).astype(np.uint16))
     victim = tmp_path / "precious.txt"
     victim.write_text("the user's own file")
     hostile_index(root / "val", str(victim), kind)  # val: train/ is read first, so the whole index set is checked
     before = tree(tmp_path)
-    result = run_train([f"--data_dir={root}", *TRAIN, f"--save_folder={tmp_path / 'run'}",
-                        f"--data_local={tmp_path / 'cache'}"], tmp_path)
-    assert failed_with_one_line(result) == result[1].strip().splitlines()[-1] == (
+    argv = [f"--data_dir={root}", *TRAIN, f"--save_folder={tmp_path / 'run'}", f"--data_local={tmp_path / 'cache'}"]
+    if kind == "zip_data":
+        result = run_train(argv, tmp_path)
+        line = failed_with_one_line(result)
+        assert line == result[1].strip().splitlines()[-1]
+    else:
+        line = main_error(train.main, argv, capsys, alone=False)
+    assert line == (
         f"error: {root / 'val' / 'index.json'} lists the shard file {str(victim)!r}, which is not a plain name inside "
         "its folder (an absolute path, '..', a backslash or an empty name): the index is damaged or hostile, nothing "
         "was read by that name; re-run to_mds.py")

@@ -1,6 +1,7 @@
-"""extensions.py through a real `composer` launcher run: EMA against the same run without it (EMA changes only what
-is exported), a user callback by import path (batch_log:EventCounter) gets its events and a Composer callback by
-name logs. Names, refusals and each algorithm on this GPT: tests/unit/test_extensions.py."""
+"""extensions.py in whole train.py runs: EMA against the same run without it (EMA changes only what is exported), a
+user callback by import path (batch_log:EventCounter) gets its events and a Composer callback by name logs. Both runs
+are in this process; callbacks by import path through the `composer` launcher: test_train.py's launched_bin_run.
+Names, refusals and each algorithm on this GPT: tests/unit/test_extensions.py."""
 
 import json
 import os
@@ -9,21 +10,21 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import REPO, SHAKESPEARE, SMALL, checkpoint_state, run_train, succeeded, tokenize, train_main, write_bin
+from helpers import REPO, SHAKESPEARE, SMALL, checkpoint_state, tokenize, train_main, write_bin
 
 
 @pytest.fixture(scope="module")
 def ema_runs(tmp_path_factory):
-    """The same 6-batch run without EMA (in this process) and with it (the composer launcher, in a subprocess)."""
+    """The same 6-batch run without EMA and with it (with a user callback and a Composer one), in this process."""
     tmp = tmp_path_factory.mktemp("ema")
     data = write_bin(tmp / "data", np.array(tokenize(SHAKESPEARE.read_text()[:60_000]), dtype=np.uint16))
     args = [str(REPO / "config" / "tiny.py"), f"--data_dir={data}", *SMALL, "--max_duration=6ba", "--eval_interval=3ba",
             "--save_interval=3ba", "--eval_subset_num_batches=2", "--sample_length=0", "--device=cpu"]
     train_main([*args, f"--save_folder={tmp / 'plain'}"])
     counts = tmp / "events.json"
-    succeeded(run_train([*args, f"--save_folder={tmp / 'ema'}", "--algorithms={'ema': {'half_life': '2ba'}}",
-                         f"--callbacks={{'batch_log:EventCounter': {{'path': {str(counts)!r}}}, "
-                         f"'optimizer_monitor': {{'batch_log_interval': 1}}}}"], tmp, nproc=1))
+    train_main([*args, f"--save_folder={tmp / 'ema'}", "--algorithms={'ema': {'half_life': '2ba'}}",
+                f"--callbacks={{'batch_log:EventCounter': {{'path': {str(counts)!r}}}, "
+                f"'optimizer_monitor': {{'batch_log_interval': 1}}}}"])
     return tmp
 
 

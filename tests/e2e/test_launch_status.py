@@ -57,13 +57,14 @@ def test_a_node_whose_peers_never_come_says_so_within_seconds_and_gives_up_in_on
     from helpers import free_port
 
     port = free_port()  # nobody listens there: node 0 never starts
+    # --dist_timeout=10: past cluster.WAITING_NOTE_S (5 s), so the waiting line comes first
     proc = start([sys.executable, "-m", "pilegpt.launch", "--world_size", "2", "--nproc", "1", "--node_rank", "1",
                   "--master_addr", "127.0.0.1", "--master_port", str(port), REPO / "train.py", *ARGS,
-                  f"--data_dir={write_random_bin(tmp_path / 'd')}", "--dist_timeout=20"], tmp_path, train_env(nproc=2),
+                  f"--data_dir={write_random_bin(tmp_path / 'd')}", "--dist_timeout=10"], tmp_path, train_env(nproc=2),
                  log=tmp_path / "out.txt")
     waiting = "rank 1: waiting for 1 more node(s) of the job at 127.0.0.1:"
     wait_until(lambda: waiting in (tmp_path / "out.txt").read_text(), proc, "the waiting line", seconds=90)
     line = failed_with_one_line(finish(proc, timeout=120))
-    assert line == (f"error: rank 1: gave up after 20 s waiting for 1 more node(s) of the job at 127.0.0.1:{port}: "
+    assert line == (f"error: rank 1: gave up after 10 s waiting for 1 more node(s) of the job at 127.0.0.1:{port}: "
                     "start every node (node_rank 0 to 1) with the same --master_addr and --master_port, or raise "
                     "--dist_timeout")

@@ -1,5 +1,6 @@
 """The whole pipeline, each stage through its real command line: text -> prepare_data.py -> to_mds.py ->
-upload_s3.py -> `composer train.py` reading the shards from a real S3 server -> sample.py."""
+upload_s3.py -> `python train.py` reading the shards from a real S3 server -> sample.py. (train.py through the
+`composer` launcher, from S3: test_train.py's two-process run.)"""
 
 import json
 
@@ -38,12 +39,12 @@ def test_text_to_tokens_to_mds_to_s3_to_training_to_samples(s3_env, tmp_path):
     keys = {o["Key"] for o in s3_env.client().list_objects_v2(Bucket=s3_env.bucket, Prefix="pipeline/mds/")["Contents"]}
     assert {"pipeline/mds/train/index.json", "pipeline/mds/val/index.json"} <= keys
 
-    # 4. Train from S3 with the real composer launcher for 6 batches, evaluating at the end.
+    # 4. Train from S3 for 6 batches, evaluating at the end.
     run_dir = tmp_path / "run"
     succeeded(run_train([REPO / "config" / "tiny.py", f"--data_remote={remote}", f"--data_local={tmp_path / 'cache'}",
                          "--block_size=32", "--n_embd=32", "--global_batch_size=4", "--device_train_microbatch_size=4",
                          "--max_duration=6ba", "--eval_interval=6ba", "--save_interval=6ba", "--warmup=2ba",
-                         f"--save_folder={run_dir}", "--sample_length=4"], tmp_path, nproc=1))
+                         f"--save_folder={run_dir}", "--sample_length=4"], tmp_path))
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in rows if "loss" in r]
     assert len(losses) == 6 and all(np.isfinite(losses))

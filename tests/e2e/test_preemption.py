@@ -47,23 +47,12 @@ SLOW = {"faults:SlowBatches": {"seconds": 0.3}}  # tests/faults.py: time to sign
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(random_bin, tmp_path_factory):
-    """losses(nproc): the per-batch losses of the run never interrupted, trained once per process count (in this
-    process for nproc=0, through `composer -n 2` for 2)."""
-    done = {}
-
-    def losses(nproc: int) -> dict[int, float]:
-        if nproc not in done:
-            cwd = tmp_path_factory.mktemp(f"whole{nproc}")
-            args = [*ARGS, f"--data_dir={random_bin}", f"--save_folder={cwd / 'runs' / 'pre'}"]
-            if nproc:
-                succeeded(run_train(args, cwd, nproc=nproc))
-            else:
-                train_main(args)
-            done[nproc] = losses_by_batch(cwd / "runs" / "pre")
-        return done[nproc]
-
-    return losses
+def uninterrupted(random_bin, tmp_path_factory) -> dict[int, float]:
+    """The per-batch losses of the run never interrupted, trained once in this process: the reference of the runs
+    at every process count (a global batch is the same samples at 1 and 2 processes: test_elastic.py)."""
+    cwd = tmp_path_factory.mktemp("whole")
+    train_main([*ARGS, f"--data_dir={random_bin}", f"--save_folder={cwd / 'runs' / 'pre'}"])
+    return losses_by_batch(cwd / "runs" / "pre")
 
 
 def started(args: list, cwd: Path, nproc: int, callbacks: dict = SLOW):
@@ -101,7 +90,7 @@ def test_sigterm_checkpoints_the_current_batch_and_autoresume_continues_loss_for
                                                                                      uninterrupted, monkeypatch,
                                                                                      capsys):
     args = [*ARGS, f"--data_dir={random_bin}"]
-    whole = uninterrupted(nproc)
+    whole = uninterrupted
 
     (tmp_path / "cut").mkdir()
     proc = started(args, tmp_path / "cut", nproc)
@@ -169,7 +158,7 @@ def test_a_signal_during_the_preemption_checkpoint_ends_the_run_and_autoresume_c
     assert f"resuming from the checkpoint at batch {last} " in resumed and f"done: {12 - last} batches" in resumed
     assert [p.name.split(".broken-")[0] for p in saved.glob("*.broken-*")] == [cut]
     assert all(is_whole_checkpoint(p) for p in saved.glob("ep*.pt"))
-    both, whole = losses_by_batch(saved), uninterrupted(0)
+    both, whole = losses_by_batch(saved), uninterrupted
     assert sorted(both) == list(range(1, 13))
     assert np.allclose([both[b] for b in range(1, 13)], [whole[b] for b in range(1, 13)], rtol=0, atol=1e-6)
 

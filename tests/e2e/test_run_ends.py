@@ -2,12 +2,14 @@
 would run code is refused on autoresume in one line and nothing in it runs; a damaged metrics.jsonl, a stray
 hellaswag*.json or a damaged data.json never pass for something else; SIGTERM during start-up is a preemption with
 its line, Ctrl-C there is "interrupted"; two s3:// runs of one run_name never share a local folder; checkpoint
-times are logged against the preemption grace."""
+times are logged against the preemption grace. The runs that set up a folder, or must succeed, run in this process
+(train_here); the refused or signalled runs are the command line, whose exit status and one line are tested."""
 
 import json
 import os
 import pickle
 import re
+import shutil
 import signal
 import zipfile
 
@@ -21,7 +23,7 @@ from helpers import (
     run_train,
     script,
     start_train,
-    succeeded,
+    train_main,
     wait_until,
     write_random_bin,
 )
@@ -35,8 +37,26 @@ def data_dir(tmp_path_factory):
     return write_random_bin(tmp_path_factory.mktemp("data") / "d")
 
 
-def trained(args: list, cwd) -> str:
-    return succeeded(run_train(args, cwd))
+def train_here(args: list, cwd, monkeypatch, capsys) -> str:
+    """train.py's main() in this process, from the working folder cwd (a run that sets up or must succeed): its
+    output. A failure raises, as the command line's would exit non-zero."""
+    monkeypatch.chdir(cwd)
+    capsys.readouterr()
+    train_main(args)
+    return capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def two_batch_run(data_dir, tmp_path_factory):
+    """A finished 2-batch run (runs/ends under its working folder), trained once: tests copy it."""
+    cwd = tmp_path_factory.mktemp("two_batches")
+    before = os.getcwd()
+    os.chdir(cwd)
+    try:
+        train_main([*ARGS, f"--data_dir={data_dir}", "--max_duration=2ba"])
+    finally:
+        os.chdir(before)
+    return cwd / "runs" / "ends"
 
 
 class Payload:
@@ -49,8 +69,9 @@ class Payload:
         return (os.system, (f"touch {self.marker}",))
 
 
-def test_a_checkpoint_that_runs_code_is_refused_on_autoresume_and_never_runs(data_dir, tmp_path):
-    trained([*ARGS, f"--data_dir={data_dir}", "--max_duration=4ba"], tmp_path)
+def test_a_checkpoint_that_runs_code_is_refused_on_autoresume_and_never_runs(data_dir, tmp_path, monkeypatch,
+                                                                            capsys):
+    train_here([*ARGS, f"--data_dir={data_dir}", "--max_duration=4ba"], tmp_path, monkeypatch, capsys)
     folder, marker = tmp_path / "runs" / "ends", tmp_path / "PAYLOAD_RAN"
     latest = folder / os.readlink(folder / "latest-rank0.pt")  # ep0-ba4-rank0.pt
     hostile = tmp_path / "hostile.pt"
@@ -68,13 +89,14 @@ def test_a_checkpoint_that_runs_code_is_refused_on_autoresume_and_never_runs(dat
     assert (folder / "ep0-ba2-rank0.pt").read_bytes() == before  # the run's other checkpoints untouched
 
 
-def test_a_damaged_metrics_file_and_a_stray_result_leave_the_run_done(data_dir, tmp_path):
-    trained([*ARGS, f"--data_dir={data_dir}", "--max_duration=4ba"], tmp_path)
+def test_a_damaged_metrics_file_and_a_stray_result_leave_the_run_done(data_dir, tmp_path, monkeypatch, capsys):
+    train_here([*ARGS, f"--data_dir={data_dir}", "--max_duration=4ba"], tmp_path, monkeypatch, capsys)
     folder = tmp_path / "runs" / "ends"
     with open(folder / "metrics.jsonl", "a") as f:
         f.write("%% garbage %%\n" + '{"batch": 9, "loss": 1.')  # garbage, then a line cut by a kill
     (folder / "hellaswag_old.json").write_text("[1, 2, 3]")
-    out = trained([*ARGS, f"--data_dir={data_dir}", "--max_duration=6ba", "--autoresume=True"], tmp_path)
+    out = train_here([*ARGS, f"--data_dir={data_dir}", "--max_duration=6ba", "--autoresume=True"], tmp_path,
+                     monkeypatch, capsys)
     assert "done: 2 batches" in out and "Traceback" not in out
     report = (folder / "report.md").read_text()
     assert "- 6 batches" in report and "- 2 unreadable line(s) of the metrics skipped" in report
@@ -99,8 +121,8 @@ def test_a_signal_during_start_up_is_one_line(data_dir, tmp_path, signum, status
 
 
 @pytest.mark.parametrize("damage, says", [("drop vocab_size", "vocab_size missing"), ("cut", "not JSON")])
-def test_a_damaged_data_record_is_named_as_damaged_not_as_other_data(data_dir, tmp_path, damage, says):
-    trained([*ARGS, f"--data_dir={data_dir}", "--max_duration=2ba"], tmp_path)
+def test_a_damaged_data_record_is_named_as_damaged_not_as_other_data(data_dir, two_batch_run, tmp_path, damage, says):
+    shutil.copytree(two_batch_run, tmp_path / "runs" / "ends", symlinks=True)
     record = tmp_path / "runs" / "ends" / "data.json"
     if damage == "cut":
         record.write_text(record.read_text()[:40])
@@ -113,9 +135,10 @@ def test_a_damaged_data_record_is_named_as_damaged_not_as_other_data(data_dir, t
                     "record it anew")
 
 
-def test_two_s3_runs_with_one_run_name_never_share_the_local_folder(data_dir, tmp_path, s3_env):
+def test_two_s3_runs_with_one_run_name_never_share_the_local_folder(data_dir, tmp_path, s3_env, monkeypatch, capsys):
     first, second = f"s3://{s3_env.bucket}/ends/first", f"s3://{s3_env.bucket}/ends/second"
-    trained([*ARGS, f"--data_dir={data_dir}", "--max_duration=2ba", f"--save_folder={first}"], tmp_path)
+    train_here([*ARGS, f"--data_dir={data_dir}", "--max_duration=2ba", f"--save_folder={first}"], tmp_path,
+               monkeypatch, capsys)
     line = failed_with_one_line(run_train([*ARGS, f"--data_dir={data_dir}", "--max_duration=2ba",
                                            f"--save_folder={second}"], tmp_path))
     assert line == (f"error: runs/ends holds the local files of the run in {first} (same run_name): choose another "
