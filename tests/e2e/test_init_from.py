@@ -204,8 +204,10 @@ def test_autoresume_keeps_the_checkpoint_not_init_from(hf_folder, periodic_data,
 
 def test_composer_checkpoints_of_train_py_carry_the_model_shape(scratch_run):
     state = torch.load(scratch_run / "ep0-ba2-rank0.pt", map_location="cpu", weights_only=False)["state"]["model"]
-    assert state["_extra_state"] == {"model_args": dict(block_size=T, vocab_size=50257, n_layer=2, n_head=2,
-                                                        n_embd=32, dropout=0.0, bias=True)}
+    assert state["_extra_state"] == {"model_args": dict(
+        block_size=T, vocab_size=50257, n_layer=2, n_head=2, n_embd=32, dropout=0.0, bias=True, pos_emb="learned",
+        rope_theta=10000.0, norm="layernorm", mlp="gelu", n_kv_head=None, qk_norm=False, tie_embeddings=True,
+        logit_softcap=0.0)}
     export = torch.load(scratch_run / "model.pt", weights_only=True)["model"]
     assert all(torch.is_tensor(v) for v in export.values()) and not any("extra" in k for k in export)
 
