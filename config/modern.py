@@ -1,14 +1,20 @@
-# The model side as the field trains in 2026, applied after a size preset:
+# The model side as the field trains it in 2026, applied after a size preset (it sets no size):
 #   python train.py config/quickstart.py config/modern.py
 #   composer -n 8 train.py config/pile.py config/modern.py
-# RoPE, RMSNorm, QK-norm, an untied output head, no biases and Muon for the blocks' matrices (nanochat's and
-# modded-nanogpt's choices); bench/bench_recipe.py measures each against GPT-2's recipe (docs/performance.md).
+# RoPE, RMSNorm, ReLU² MLP, QK-norm, an untied output head, no biases, and Muon for the blocks' matrices (the
+# choices of nanochat and modded-nanogpt). bench/bench_recipe.py chose them: on the quickstart, this preset reaches
+# GPT-2's final val loss in 0.33x its steps and 0.41x its CPU time (docs/performance.md#recipes). A logit softcap
+# bought nothing there and cost 25% per step, so it is off; mlp = "swiglu" was within noise of ReLU² and makes the
+# model exportable as Qwen3ForCausalLM (export_hf.py refuses ReLU²: docs/huggingface.md).
 pos_emb = "rope"
 norm = "rmsnorm"
 mlp = "relu2"
 qk_norm = True
 tie_embeddings = False
-logit_softcap = 15.0
+logit_softcap = 0.0
 bias = False
+# Muon (pilegpt/train/muon.py) for the 2-D weights inside the blocks at muon_lr; AdamW keeps the size preset's
+# learning_rate for the embeddings, the head and the norms. The warmup and cosine schedule scale both alike.
 optimizer = "muon"
 muon_lr = 0.02
+muon_momentum = 0.95
