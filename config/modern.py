@@ -6,6 +6,11 @@
 # GPT-2's final val loss in 0.33x its steps and 0.41x its CPU time (docs/performance.md#recipes). A logit softcap
 # bought nothing there and cost 25% per step, so it is off; mlp = "swiglu" was within noise of ReLU² and makes the
 # model exportable as Qwen3ForCausalLM (export_hf.py refuses ReLU²: docs/huggingface.md).
+import os
+
+# The run is named after this file (runs/modern, or $RUN_NAME), so that it never autoresumes the size preset's own
+# GPT-2 run in runs/quickstart or runs/pile-gpt2-124m.
+run_name = os.environ.get("RUN_NAME")  # None: the last config file's name, "modern"
 pos_emb = "rope"
 norm = "rmsnorm"
 mlp = "relu2"

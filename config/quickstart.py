@@ -27,7 +27,7 @@ sample_length = 48
 
 seed = 7  # the samples below are this seed's
 run_name = "quickstart"
-save_folder = "runs/quickstart"
+save_folder = "runs/{run_name}"  # runs/quickstart
 save_interval = "200ba"
 autoresume = True  # after Ctrl-C, the same command continues where it stopped
 progress_bar = False
