@@ -11,6 +11,8 @@ import os
 import re
 import shutil
 import sys
+import urllib.error
+import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
@@ -76,6 +78,26 @@ def atomic_path(path: str | os.PathLike) -> Iterator[str]:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def download_once(url: str, path: Path, what: str, check: Callable[[str], None]) -> Path:
+    """`path`, downloaded from `url` on first use: written under a temporary name, checked by check(tmp) (a UserError
+    for a file that is not `what`), then renamed into place, so a partial or bad download is never used. Offline (or
+    any failed download) is one line naming --data FILE, the local copy that needs no download."""
+    if path.is_file():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        try:
+            with urllib.request.urlopen(url, timeout=30) as response, open(tmp, "wb") as out:
+                while chunk := response.read(1 << 20):
+                    out.write(chunk)
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            reason = getattr(e, "reason", None) or e
+            raise UserError(f"cannot download {what} from {url} ({reason}): offline? pass a local copy of "
+                            f"{path.name} with --data FILE") from None
+        check(tmp)
+    return path
 
 
 def check_writable_folder(path: str | os.PathLike, what: str, fix: str, beside: bool = False) -> None:

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
 
-from pilegpt.common import UserError, atomic_path
+from pilegpt.common import UserError, download_once
 from pilegpt.custom_model import context_length
 
 URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
@@ -76,26 +74,15 @@ def read_examples(path: Path) -> list[Example]:
 
 
 def download(url: str = URL, cache_dir: Path = CACHE_DIR) -> Path:
-    """The official val file in the cache, downloaded on first use: written under a temporary name, checked (every
-    line an example, VAL_EXAMPLES of them), then renamed into place, so a partial or bad download is never used."""
-    path = cache_dir / "hellaswag_val.jsonl"
-    if path.is_file():
-        return path
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    with atomic_path(path) as tmp:
-        try:
-            with urllib.request.urlopen(url, timeout=30) as response, open(tmp, "wb") as out:
-                while chunk := response.read(1 << 20):
-                    out.write(chunk)
-        except (urllib.error.URLError, OSError, ValueError) as e:
-            reason = getattr(e, "reason", None) or e
-            raise UserError(f"cannot download HellaSwag from {url} ({reason}): offline? pass a local copy of "
-                            f"hellaswag_val.jsonl with --data FILE") from None
+    """The official val file in the cache, downloaded on first use and checked (every line an example,
+    VAL_EXAMPLES of them) before it is kept (common.download_once)."""
+    def check(tmp: str) -> None:
         n = len(read_examples(Path(tmp)))
         if n != VAL_EXAMPLES:
             raise UserError(f"the download from {url} holds {n} examples, not {VAL_EXAMPLES}: not the HellaSwag val "
                             f"set (nothing kept); pass a local copy with --data FILE")
-    return path
+
+    return download_once(url, cache_dir / "hellaswag_val.jsonl", "HellaSwag", check)
 
 
 def load_examples(data: Optional[str], url: str = URL, limit: Optional[int] = None) -> list[Example]:

@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Iterator, NamedTuple, Optional
 
@@ -17,7 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pilegpt.common import UserError, atomic_path
+from pilegpt.common import UserError, download_once
 from pilegpt.custom_model import context_length
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"  # the first 4 bytes of a zstd frame
@@ -109,27 +107,17 @@ def read_documents(files: list[Path], limit: Optional[int] = None, keep=lambda i
 
 
 def download(split: str, url: Optional[str] = None, cache_dir: Optional[Path] = None) -> Path:
-    """The official `split` file (val or test) in the cache, downloaded on first use: written under a temporary
-    name, checked (every line a document, at least MIN_DOCUMENTS of them), then renamed into place."""
+    """The official `split` file (val or test) in the cache, downloaded on first use and checked (every line a
+    document, at least MIN_DOCUMENTS of them) before it is kept (common.download_once)."""
     url, cache_dir = url or f"{MIRROR}/{split}.jsonl.zst", cache_dir or CACHE_DIR
-    path = cache_dir / f"{split}.jsonl.zst"
-    if path.is_file():
-        return path
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    with atomic_path(path) as tmp:
-        try:
-            with urllib.request.urlopen(url, timeout=30) as response, open(tmp, "wb") as out:
-                while chunk := response.read(1 << 20):
-                    out.write(chunk)
-        except (urllib.error.URLError, OSError, ValueError) as e:
-            reason = getattr(e, "reason", None) or e
-            raise UserError(f"cannot download the Pile's {split} set from {url} ({reason}): offline? pass a local "
-                            f"copy of {split}.jsonl.zst with --data FILE") from None
+
+    def check(tmp: str) -> None:
         n = sum(1 for _ in read_documents([Path(tmp)]))
         if n < MIN_DOCUMENTS:
             raise UserError(f"the download from {url} holds {n:,} documents, fewer than {MIN_DOCUMENTS:,}: not the "
                             f"Pile's {split} set (nothing kept); pass a local copy with --data FILE")
-    return path
+
+    return download_once(url, cache_dir / f"{split}.jsonl.zst", f"the Pile's {split} set", check)
 
 
 def encode(enc, text: str) -> list[int]:

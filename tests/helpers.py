@@ -791,3 +791,21 @@ def git_repo_integration(final) -> dict:
     repos = [i for i in final.integrations if i.get("integration_type") == "git_repo"]
     assert len(repos) == 1, final.integrations
     return repos[0]
+
+
+def offline_hf_export(folder: Path, monkeypatch, seed: int, block_size: int) -> Path:
+    """A tiny GPT saved as folder/model.pt and exported to folder/hf with export_hf.py, Hugging Face set offline, for
+    lm-evaluation-harness to score beside eval.py; returns the HF folder."""
+    import torch
+
+    import export_hf
+    from model import GPT, GPTConfig
+    from pilegpt.checkpoint import save_export
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    torch.manual_seed(seed)
+    save_export(GPT(GPTConfig(block_size=block_size, vocab_size=50257, n_layer=2, n_head=2, n_embd=32)).eval(),
+                folder / "model.pt")
+    export_hf.main([str(folder / "model.pt"), str(folder / "hf")])
+    return folder / "hf"

@@ -13,13 +13,13 @@ import torch
 import torch.nn.functional as F
 
 import eval as eval_script
-import export_hf
 from helpers import (
     FIXTURES,
     REPO,
     SMALL,
     failed_with_one_line,
     free_port,
+    offline_hf_export,
     read_jsonl,
     run_command,
     shakespeare_tokens,
@@ -28,8 +28,7 @@ from helpers import (
     train_main,
     write_bin,
 )
-from model import GPT, GPTConfig
-from pilegpt.checkpoint import load_model, save_export
+from pilegpt.checkpoint import load_model
 from pilegpt.data import read_windows, window_starts
 from pilegpt.tokenizer import gpt2
 
@@ -105,12 +104,7 @@ def test_lm_evaluation_harness_agrees_with_eval_py_on_every_example(tmp_path, mo
     lm_eval = pytest.importorskip("lm_eval")
     from lm_eval.tasks import TaskManager
 
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    torch.manual_seed(5)
-    model = GPT(GPTConfig(block_size=128, vocab_size=50257, n_layer=2, n_head=2, n_embd=32)).eval()
-    save_export(model, tmp_path / "model.pt")
-    export_hf.main([str(tmp_path / "model.pt"), str(tmp_path / "hf")])
+    offline_hf_export(tmp_path, monkeypatch, seed=5, block_size=128)
     data = tmp_path / "task" / "data.jsonl"
     data.parent.mkdir()
     data.write_text("\n".join(TINY.read_text().splitlines()[:24]) + "\n")

@@ -5,12 +5,9 @@ itself: tests/unit/test_pile_bpb.py."""
 import json
 
 import pytest
-import torch
 
 import eval as eval_script
-import export_hf
-from model import GPT, GPTConfig
-from pilegpt.checkpoint import save_export
+from helpers import offline_hf_export
 from tests.unit.test_pile_bpb import pile_documents, write_pile
 
 # lm-eval's pile_* task (lm_eval/tasks/pile/pile_arxiv.yaml, 0.4.13) on a local file instead of EleutherAI/pile.
@@ -34,12 +31,7 @@ def test_lm_evaluation_harness_bits_per_byte_equal_eval_py_per_component(tmp_pat
     lm_eval = pytest.importorskip("lm_eval")
     from lm_eval.tasks import TaskManager
 
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    torch.manual_seed(6)
-    model = GPT(GPTConfig(block_size=64, vocab_size=50257, n_layer=2, n_head=2, n_embd=32)).eval()
-    save_export(model, tmp_path / "model.pt")
-    export_hf.main([str(tmp_path / "model.pt"), str(tmp_path / "hf")])
+    offline_hf_export(tmp_path, monkeypatch, seed=6, block_size=64)
     records = [r for r in pile_documents() if r["text"]]  # the harness's json loader has nothing to score in ""
     write_pile(tmp_path / "test.jsonl.zst", records)
     tasks = {}
