@@ -230,7 +230,9 @@ class MetricsLog(LoggerDestination):
     a one-line summary every log_interval batches when the progress bar is off, and every evaluation."""
 
     KEYS = {"loss/train/total": "loss", "throughput/tokens_per_sec": "tokens_per_sec",
-            "throughput/device/mfu": "mfu", "lr-AdamW/group0": "lr",
+            "throughput/device/mfu": "mfu",
+            # lr: learning_rate's curve, AdamW's first group (muon_groups puts Muon's matrices first, AdamW's next)
+            "lr-AdamW/group0": "lr", "lr-Muon/group1": "lr", "lr-Muon/group0": "muon_lr",
             "time/remaining_estimate": "eta_s",  # RuntimeEstimator(time_unit="seconds")
             "memory/peak_allocated_mem": "peak_mem_gb",  # MemoryMonitor (GPU only), in GB
             "hellaswag/acc": "hellaswag_acc", "hellaswag/acc_norm": "hellaswag_acc_norm"}  # HellaSwagEval

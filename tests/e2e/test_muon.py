@@ -8,7 +8,7 @@ import pytest
 
 import train
 from e2e.test_train import assert_resumed_where_it_stopped, callbacks, simulate_crash_after
-from helpers import REPO, SMALL, checkpoint_state, losses_by_batch, run_train, succeeded
+from helpers import REPO, SMALL, checkpoint_state, losses_by_batch, read_jsonl, run_train, succeeded
 from pilegpt.train import plain_loop
 from pilegpt.train.config import load_config
 
@@ -23,6 +23,9 @@ def test_a_muon_run_resumes_loss_for_loss_in_one_process_and_in_two(shakespeare_
     train.main(args)  # the run that is never interrupted: 1 process, this one
     whole = losses_by_batch(run_dir)
     assert sorted(whole) == [1, 2, 3, 4, 5, 6] and whole[6] < whole[1] - 0.1  # it learns
+    # the step lines' lr is learning_rate's curve (AdamW's groups), muon_lr Muon's: after 2 warmup batches, the peaks
+    row = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("batch") == 3][0]
+    assert row["lr"] == pytest.approx(3e-3) and row["muon_lr"] == pytest.approx(0.02)
     state = checkpoint_state(run_dir / "ep0-ba3-rank0.pt")["optimizers"]["Muon"]
     assert sum("momentum_buffer" in s for s in state["state"].values()) == 8  # 2 layers x 4 matrices
     # the plain reference loop (docs/training.md) follows optimizer="muon" too: train.py's losses
