@@ -108,6 +108,24 @@ class SlowBatches(Callback):
         time.sleep(self.seconds)
 
 
+class SlowSaves(Callback):
+    """Every Composer checkpoint this process writes takes `seconds` longer (a slow disk), whatever the machine's
+    speed: a test of the checkpoint clock does not hang on how fast a tiny model saves."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def fit_start(self, state: State, logger: Logger) -> None:
+        real_save = torch.save
+
+        def save(obj, f, *args, **kwargs):
+            if re.search(r"ep\d+-ba\d+-rank\d+\.pt$", str(getattr(f, "name", f))):
+                time.sleep(self.seconds)
+            return real_save(obj, f, *args, **kwargs)
+
+        torch.save = save
+
+
 class SlowStart(Callback):
     """Holds the Trainer's start-up (Event.INIT, inside Trainer(...)) for `seconds`, writing `marker` first: a
     window in which a signal lands after the config print and before training starts."""

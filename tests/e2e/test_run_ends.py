@@ -147,7 +147,7 @@ def test_two_s3_runs_with_one_run_name_never_share_the_local_folder(data_dir, tm
 
 
 def test_checkpoint_times_are_logged_and_a_slow_one_is_warned_against(data_dir, tmp_path):
-    slow = "--callbacks={'faults:SlowBatches': {'seconds': 0.3}}"
+    slow = "--callbacks={'faults:SlowBatches': {'seconds': 0.3}, 'faults:SlowSaves': {'seconds': 0.1}}"
     proc = start_train([*ARGS, f"--data_dir={data_dir}", "--max_duration=40ba", "--preemption_grace_s=0.02", slow],
                        tmp_path)
     metrics = tmp_path / "runs" / "ends" / "metrics.jsonl"
@@ -156,7 +156,7 @@ def test_checkpoint_times_are_logged_and_a_slow_one_is_warned_against(data_dir, 
     code, out = finish(proc, timeout=120)
     assert code == 143, out[-3000:]
     lines = out.splitlines()
-    # the first checkpoint that took over 0.05 s (a save, not an empty checkpoint event)
+    # the first save (0.1 s or more with SlowSaves), not a checkpoint event that wrote nothing (under 0.05 s)
     warnings = [line for line in lines if re.match(r"warning: the checkpoint of batch \d+ took ", line)]
     assert len(warnings) == 1 and "to write, more than half the preemption grace period (preemption_grace_s=0.02 s)" \
         in warnings[0], "\n".join(lines[-40:])
