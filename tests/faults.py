@@ -16,6 +16,8 @@ import torch
 from composer.core import Callback, State
 from composer.loggers import Logger
 
+CHECKPOINT_FILE = re.compile(r"ep\d+-ba\d+-rank\d+\.pt$")  # a Composer checkpoint's file name (save_filename)
+
 
 class KillDuringCheckpoint(Callback):
     """SIGKILLs this process halfway through writing the Composer checkpoint of `batch`: half of the file's
@@ -58,7 +60,7 @@ class SlowPreemptionCheckpoint(Callback):
 
         def save(obj, f, *args, **kwargs):
             name = str(getattr(f, "name", ""))
-            if not (stopper.received and re.search(r"ep\d+-ba\d+-rank\d+\.pt$", name) and hasattr(f, "write")):
+            if not (stopper.received and CHECKPOINT_FILE.search(name) and hasattr(f, "write")):
                 return real_save(obj, f, *args, **kwargs)
             buffer = io.BytesIO()
             real_save(obj, buffer, *args, **kwargs)
@@ -119,7 +121,7 @@ class SlowSaves(Callback):
         real_save = torch.save
 
         def save(obj, f, *args, **kwargs):
-            if re.search(r"ep\d+-ba\d+-rank\d+\.pt$", str(getattr(f, "name", f))):
+            if CHECKPOINT_FILE.search(str(getattr(f, "name", f))):
                 time.sleep(self.seconds)
             return real_save(obj, f, *args, **kwargs)
 
