@@ -6,6 +6,9 @@ Details: docs/extending.md."""
 from __future__ import annotations
 
 import contextlib
+import os
+import re
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 # ----------------------------------------------------------------------------------------------------------
@@ -138,12 +141,46 @@ def activate_ema_weights(algorithm: Any, state: Any) -> None:
 
 
 def clean_stale_shared_memory() -> None:
-    """Remove the shared memory a crashed StreamingDataset left (a stale block breaks the next run).
+    """Remove the shared memory blocks that a crashed StreamingDataset left (a stale block naming this run's cache
+    folder stops the next run), and only those: a block that a live process holds (another run or a to_mds verify
+    on this machine) stays. Linux only (it reads /proc); elsewhere nothing is removed.
 
-    Not exported by `streaming`: it lives in streaming.base.util."""
-    from streaming.base.util import clean_stale_shared_memory as clean
+    Private: Streaming names its blocks f"{prefix:06}_{name}" (streaming.base.shared.prefix) for the names in
+    streaming.base.constant.SHM_TO_CLEAN. Its own clean_stale_shared_memory removes every such block, held or not,
+    which breaks every other StreamingDataset running on the machine."""
+    from streaming.base.constant import SHM_TO_CLEAN
 
-    clean()
+    folder = Path("/dev/shm")
+    if not Path("/proc/self/fd").is_dir() or not folder.is_dir():
+        return
+    pattern = re.compile(r"\d{6}_(?:%s)" % "|".join(map(re.escape, SHM_TO_CLEAN)))
+    blocks = {p.name for p in folder.iterdir() if pattern.fullmatch(p.name)}
+    for name in blocks - (shared_memory_in_use(folder) if blocks else set()):
+        with contextlib.suppress(FileNotFoundError, PermissionError):  # gone already; another user's (sticky /dev/shm)
+            (folder / name).unlink()
+
+
+def shared_memory_in_use(folder: Path) -> set[str]:
+    """Names of the files in `folder` (/dev/shm) that some process on this machine has open or mapped (/proc)."""
+    held = set()
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            with contextlib.suppress(OSError):  # ended meanwhile, or not ours to read
+                held.update(_paths_held(proc, f"{folder}/"))
+    return held
+
+
+def _paths_held(proc: Path, prefix: str) -> Iterator[str]:
+    """The names under `prefix` that the process /proc/PID has open (fd/) or mapped (maps)."""
+    for fd in (proc / "fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith(prefix):
+                yield target[len(prefix):]
+    for line in (proc / "maps").read_text().splitlines():
+        at = line.find(prefix)
+        if at >= 0:
+            yield line[at + len(prefix):].removesuffix(" (deleted)")
 
 
 def mds_writer_checks() -> tuple[Any, Any, Any, Any]:

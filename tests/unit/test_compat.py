@@ -2,6 +2,9 @@
 A failure here after a version bump names the entry of compat.py to revisit."""
 
 import inspect
+import mmap
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -32,6 +35,36 @@ def test_streaming_utilities_are_where_compat_imports_them():
     assert "zstd" in get_compressions() and is_compression("zstd:1") and not is_compression("nope")
     assert is_hash("xxh64") and not is_hash("nope")
     assert bytes_to_int("64kb") == 1 << 16
+
+
+@pytest.mark.skipif(not Path("/dev/shm").is_dir() or not Path("/proc/self/fd").is_dir(), reason="Linux only")
+def test_only_shared_memory_that_no_process_holds_is_cleaned():
+    """A crashed run's blocks go; a live run's (another training run on this machine) and other files stay."""
+    from streaming.base.constant import BARRIER, LOCALS
+    from streaming.base.shared.prefix import _get_path
+
+    shm = Path("/dev/shm")
+    stale, held, open_only, other = (shm / _get_path(987_654, LOCALS), shm / _get_path(987_654, BARRIER),
+                                     shm / _get_path(987_655, LOCALS), shm / "pilegpt-test-not-streaming")
+    fd = None
+    try:
+        for path in (stale, held, open_only, other):
+            path.write_bytes(b"x" * 4096)
+        with open(held, "r+b") as f:
+            mapped = mmap.mmap(f.fileno(), 4096)  # held through a mapping alone: the file is closed
+        fd = os.open(open_only, os.O_RDWR)  # held through an open file alone
+        compat.clean_stale_shared_memory()
+        assert not stale.exists() and held.exists() and open_only.exists() and other.exists()
+        mapped.close()
+        os.close(fd)
+        fd = None
+        compat.clean_stale_shared_memory()
+        assert not held.exists() and not open_only.exists() and other.exists()
+    finally:
+        if fd is not None:
+            os.close(fd)
+        for path in (stale, held, open_only, other):
+            path.unlink(missing_ok=True)
 
 
 def test_mds_writer_cuts_shards_where_compat_says(tmp_path):
