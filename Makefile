@@ -4,9 +4,10 @@
 PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 # pytest-xdist workers: auto is one more than the CPUs, capped by memory (tests/conftest.py); 0 runs in one process.
-# --dist loadfile keeps each test file in one worker, so that a module's shared runs are made once.
+# --dist loadfile keeps each test file in one worker, so that a module's shared runs are made once; files go out
+# in the order conftest.py gives (the longest first), not xdist's (the most tests first).
 WORKERS ?= auto
-PYTEST = $(PYTHON) -m pytest -n $(WORKERS) --dist loadfile
+PYTEST = $(PYTHON) -m pytest -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 
 .PHONY: install install-dev test test-fast lint quickstart bench
 

@@ -18,15 +18,23 @@ import helpers
 from helpers import kill_group, start_s3_server, stop, write_bin, write_mds, write_random_bin
 
 E2E = Path(__file__).parent / "e2e"
+# The files that take longest (a minute or more on 2 cores, `--durations`), longest first: they start first, so
+# that with workers (make test: xdist hands out whole files in this order) no worker ends the suite alone on one.
+LONGEST = ("test_faults.py", "test_preemption.py", "test_slurm_real.py", "test_multinode.py", "test_data.py",
+           "test_launch_status.py", "test_train.py", "test_bench_gpu.py", "test_run_ends.py")
 
 
 def pytest_collection_modifyitems(items):
-    """The rooms and the S3 server as markers: `-m "not slow"` is tests/unit/, `-m "not s3"` runs without rclone."""
+    """The rooms and the S3 server as markers: `-m "not slow"` is tests/unit/, `-m "not s3"` runs without rclone.
+    Then the order: LONGEST first, every other file as collected, each file's tests as written."""
     for item in items:
         if item.path.is_relative_to(E2E):
             item.add_marker(pytest.mark.slow)
         if "s3_server" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.s3)
+    rank = {name: i for i, name in enumerate(LONGEST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST)) if item.path.is_relative_to(E2E)
+               else len(LONGEST))
 
 
 @pytest.hookimpl(optionalhook=True)

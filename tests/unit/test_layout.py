@@ -184,3 +184,11 @@ def test_the_function_cap_finds_a_long_or_deep_function():
     assert oversized_functions(ELIF_CHAIN, "x.py") == {}  # an elif chain is one level, however long
     assert oversized_functions(ELSE_IF, "x.py") == {"x.py:chain": "9 lines, nesting 5"}  # an if inside an else
     assert oversized_functions(NESTED_FUNCTION, "x.py") == {}  # inner's 2 levels are not added to outer's 3
+
+
+def test_the_files_the_suite_starts_first_exist():
+    """conftest.LONGEST orders the suite (the longest files first, for xdist's workers): a renamed file would fall
+    back to the end unnoticed."""
+    from conftest import E2E, LONGEST
+
+    assert len(set(LONGEST)) == len(LONGEST) and all((E2E / name).is_file() for name in LONGEST), LONGEST
