@@ -3,7 +3,8 @@
 # Both install what they need into the current Python environment first (pip skips what is there).
 PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
-# pytest-xdist workers: auto is one more than the CPUs, capped by memory (tests/conftest.py); 0 runs in one process.
+# make test's pytest-xdist workers: auto is one more than the CPUs, capped by memory (tests/conftest.py); 0 runs in
+# one process. test-fast runs in one process: workers would each import Composer and gain nothing (45 s either way).
 # --dist loadfile keeps each test file in one worker, so that a module's shared runs are made once; files go out
 # in the order conftest.py gives (the longest first), not xdist's (the most tests first).
 WORKERS ?= auto
@@ -21,7 +22,7 @@ test: install-dev
 	$(PYTEST) tests
 
 test-fast: install-dev
-	$(PYTEST) tests/unit
+	$(PYTHON) -m pytest tests/unit
 
 lint: install-dev
 	$(PYTHON) -m ruff check .
