@@ -6,8 +6,10 @@ Details: docs/extending.md."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import re
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -140,6 +142,46 @@ def activate_ema_weights(algorithm: Any, state: Any) -> None:
 # mosaicml-streaming 0.13.0
 
 
+SHARED_MEMORY = Path("/dev/shm")
+START_LOCK = "pilegpt-streaming-start.lock"  # in SHARED_MEMORY: one per machine (per /dev/shm), never removed
+START_LOCK_WAIT = 60.0  # seconds a local leader waits for the lock before it starts without it
+
+
+@contextlib.contextmanager
+def streaming_start_lock() -> Iterator[None]:
+    """Held by a local leader (LOCAL_RANK 0 or unset) around the making of a StreamingDataset, so that two runs
+    starting at once on one machine do not take the same shared memory prefix.
+
+    Private: Streaming registers a dataset by taking the first prefix with no "{prefix:06}_locals" block
+    (streaming.base.shared.prefix.get_shm_prefix); two local leaders that look at once take the same one, and the
+    second fails with FileExistsError: '/000000_locals'. The other ranks of a job only attach to their leader's
+    block, so they take no lock (and cannot deadlock against it). After START_LOCK_WAIT s (a leader of another
+    "node" on this host, in the same collective) the leader starts without the lock."""
+    if os.environ.get("LOCAL_RANK", "0") != "0" or not SHARED_MEMORY.is_dir():
+        yield
+        return
+    try:
+        fd = os.open(SHARED_MEMORY / START_LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:  # not ours to open: start as Streaming alone would
+        yield
+        return
+    try:
+        deadline = time.monotonic() + START_LOCK_WAIT
+        while not _try_lock(fd) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _try_lock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+
+
 def clean_stale_shared_memory() -> None:
     """Remove the shared memory blocks that a crashed StreamingDataset left (a stale block naming this run's cache
     folder stops the next run), and only those: a block that a live process holds (another run or a to_mds verify
@@ -150,7 +192,7 @@ def clean_stale_shared_memory() -> None:
     which breaks every other StreamingDataset running on the machine."""
     from streaming.base.constant import SHM_TO_CLEAN
 
-    folder = Path("/dev/shm")
+    folder = SHARED_MEMORY
     if not Path("/proc/self/fd").is_dir() or not folder.is_dir():
         return
     pattern = re.compile(r"\d{6}_(?:%s)" % "|".join(map(re.escape, SHM_TO_CLEAN)))

@@ -240,7 +240,8 @@ def read_mds(source: str, local: Path) -> list[dict]:
     from pilegpt import compat
 
     compat.clean_stale_shared_memory()
-    ds = StreamingDataset(remote=source, local=str(local), shuffle=False, batch_size=1)
+    with compat.streaming_start_lock():
+        ds = StreamingDataset(remote=source, local=str(local), shuffle=False, batch_size=1)
     return [dict(s) for s in ds]
 
 

@@ -94,7 +94,9 @@ def open_dataset(source: str, cache: str, validate_hash: Optional[str]):
     from streaming import StreamingDataset
 
     try:
-        return StreamingDataset(remote=source, local=cache, shuffle=False, batch_size=1, validate_hash=validate_hash)
+        with compat.streaming_start_lock():  # a training run may be starting on this machine
+            return StreamingDataset(remote=source, local=cache, shuffle=False, batch_size=1,
+                                    validate_hash=validate_hash)
     except (KeyError, ValueError, TypeError) as e:  # an index.json with shard entries Streaming cannot use
         raise UserError(f"{storage.join(source, INDEX_NAME)} is not an MDS index Streaming can read "
                         f"({type(e).__name__}: {e}); {REBUILD}") from None

@@ -308,8 +308,9 @@ def mds_split(cfg, split: str, batch_size: int, shuffle: bool, weighted: bool = 
                               validate_hash=validation_hash(index) if index is not None else None,
                               **(cfg.data_mix.get(root, {}) if weighted else {})))
     try:
-        return CheckedStreamingDataset(streams=streams, batch_size=batch_size, shuffle=shuffle, shuffle_seed=cfg.seed,
-                                       num_canonical_nodes=cfg.num_canonical_nodes)  # None: Streaming's default
+        with compat.streaming_start_lock():  # two runs starting at once on one machine
+            return CheckedStreamingDataset(streams=streams, batch_size=batch_size, shuffle=shuffle,
+                                           shuffle_seed=cfg.seed, num_canonical_nodes=cfg.num_canonical_nodes)
     except (FileNotFoundError, ValueError) as e:
         raise UserError(f"cannot open MDS split {split}/ of {roots}: {e}") from None
 

@@ -4,6 +4,7 @@ A failure here after a version bump names the entry of compat.py to revisit."""
 import inspect
 import mmap
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -65,6 +66,35 @@ def test_only_shared_memory_that_no_process_holds_is_cleaned():
             os.close(fd)
         for path in (stale, held, open_only, other):
             path.unlink(missing_ok=True)
+
+
+@pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="needs /dev/shm")
+def test_local_leaders_make_their_streaming_datasets_one_at_a_time(monkeypatch):
+    """Two runs starting at once took one shared memory prefix: FileExistsError '/000000_locals'. A leader waits
+    for the other's start; a non-leader rank never waits; a lock held too long is waited for only so long."""
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    order = []
+
+    def leader(name):
+        with compat.streaming_start_lock():
+            order.append(name)
+
+    with compat.streaming_start_lock():
+        other = threading.Thread(target=leader, args=("second leader",))
+        other.start()
+        other.join(0.5)
+        monkeypatch.setenv("LOCAL_RANK", "1")
+        leader("rank 1")
+        monkeypatch.delenv("LOCAL_RANK")
+        order.append("first leader")
+    other.join(10)
+    assert order == ["rank 1", "first leader", "second leader"]
+    monkeypatch.setattr(compat, "START_LOCK_WAIT", 0.2)
+    with compat.streaming_start_lock():
+        other = threading.Thread(target=leader, args=("gave up waiting",))
+        other.start()
+        other.join(10)
+    assert order[-1] == "gave up waiting"
 
 
 def test_mds_writer_cuts_shards_where_compat_says(tmp_path):
