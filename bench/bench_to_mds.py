@@ -188,7 +188,8 @@ def read_streaming(mds: Path, cache: Path, order: np.ndarray | None, batch_size:
     from pilegpt import compat
 
     compat.clean_stale_shared_memory()
-    ds = StreamingDataset(remote=str(mds), local=str(cache), shuffle=False, batch_size=batch_size)
+    with compat.streaming_start_lock():
+        ds = StreamingDataset(remote=str(mds), local=str(cache), shuffle=False, batch_size=batch_size)
     for _ in ds:  # warm-up epoch: copies and decompresses the shards into the cache
         pass
     t0 = time.perf_counter()

@@ -232,17 +232,22 @@ def write_mds_splits(root: Path, tokens: np.ndarray, block_size: int = 32, vocab
     return root
 
 
-def read_mds(source: str, local: Path) -> list[dict]:
-    """Every sample of an MDS dataset (a folder or an s3:// URL), in order, read with StreamingDataset into a fresh
-    cache `local` (Streaming names its shared memory after that folder)."""
+def streaming_dataset(**kwargs):
+    """A StreamingDataset(**kwargs) made as train.py makes its own: stale shared memory cleaned first, and under the
+    start lock (compat.streaming_start_lock), since tests in other workers start theirs at the same moment."""
     from streaming import StreamingDataset
 
     from pilegpt import compat
 
     compat.clean_stale_shared_memory()
     with compat.streaming_start_lock():
-        ds = StreamingDataset(remote=source, local=str(local), shuffle=False, batch_size=1)
-    return [dict(s) for s in ds]
+        return StreamingDataset(**kwargs)
+
+
+def read_mds(source: str, local: Path) -> list[dict]:
+    """Every sample of an MDS dataset (a folder or an s3:// URL), in order, read with StreamingDataset into a fresh
+    cache `local` (Streaming names its shared memory after that folder)."""
+    return [dict(s) for s in streaming_dataset(remote=source, local=str(local), shuffle=False, batch_size=1)]
 
 
 def staging_leftovers(parent: Path) -> list[str]:

@@ -23,11 +23,12 @@ from helpers import (
     run_command,
     script,
     start,
+    streaming_dataset,
     upload_s3_main,
     wait_until,
     write_random_mds,
 )
-from pilegpt import compat, s3
+from pilegpt import s3
 from pilegpt.common import UserError
 from pilegpt.mds import s3_upload
 
@@ -178,15 +179,12 @@ def test_killed_upload_resumes_to_a_complete_dataset(s3_env, big_mds, tmp_path, 
 
 @pytest.mark.s3
 def test_streaming_reads_back_every_token(s3_env, small_mds, tmp_path, capsys):
-    from streaming import StreamingDataset
-
     root, tokens = small_mds
     prefix = unique_prefix("stream")
     upload_s3_main(capsys, root, f"s3://{s3_env.bucket}/{prefix}")
-    compat.clean_stale_shared_memory()
     for split in ("train", "val"):
-        dataset = StreamingDataset(remote=f"s3://{s3_env.bucket}/{prefix}/{split}", local=str(tmp_path / split),
-                                   shuffle=False, batch_size=1)
+        dataset = streaming_dataset(remote=f"s3://{s3_env.bucket}/{prefix}/{split}", local=str(tmp_path / split),
+                                    shuffle=False, batch_size=1)
         n = (len(tokens[split]) - 1) // BLOCK
         assert len(dataset) == n
         x = np.stack([np.asarray(dataset[i]["x"]) for i in range(n)])
@@ -233,15 +231,13 @@ def test_folder_without_index_is_refused_unless_any_folder(s3_env, tmp_path, cap
 
 @pytest.mark.s3
 def test_only_what_index_json_lists_goes_up_not_the_copies_a_reader_decompressed(s3_env, tmp_path, capsys):
-    from streaming import StreamingDataset
 
     root = tmp_path / "mds"
     write_random_mds(root / "train", 600, BLOCK, 1 << 15, seed=6, compression="zstd")
     write_random_mds(root / "val", 100, BLOCK, 1 << 15, seed=7, compression="zstd")
     (root / "train" / "to_mds.json").write_text(json.dumps({"block_size": BLOCK}))
     as_written = files_of(root)  # index.json, shard.NNNNN.mds.zstd, to_mds.json
-    compat.clean_stale_shared_memory()
-    dataset = StreamingDataset(local=str(root / "train"), shuffle=False, batch_size=1)
+    dataset = streaming_dataset(local=str(root / "train"), shuffle=False, batch_size=1)
     assert sum(1 for _ in dataset) == 600  # read in place: Streaming decompresses every shard beside its .zstd
     copies = sorted(set(files_of(root)) - set(as_written))
     assert len(copies) >= 3 and all(re.fullmatch(r"train/shard\.\d{5}\.mds", c) for c in copies), copies
