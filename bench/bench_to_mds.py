@@ -187,8 +187,7 @@ def read_streaming(mds: Path, cache: Path, order: np.ndarray | None, batch_size:
 
     from pilegpt import compat
 
-    compat.clean_stale_shared_memory()
-    with compat.streaming_start_lock():
+    with compat.streaming_start_lock():  # stale shared memory cleaned, other starts waited for
         ds = StreamingDataset(remote=str(mds), local=str(cache), shuffle=False, batch_size=batch_size)
     for _ in ds:  # warm-up epoch: copies and decompresses the shards into the cache
         pass

@@ -150,23 +150,32 @@ START_LOCK_WAIT = 60.0  # seconds a local leader waits for the lock before it st
 @contextlib.contextmanager
 def streaming_start_lock() -> Iterator[None]:
     """Held by a local leader (LOCAL_RANK 0 or unset) around the making of a StreamingDataset, so that two runs
-    starting at once on one machine do not take the same shared memory prefix.
+    starting at once on one machine do not take the same shared memory prefix; inside it, the leader first removes
+    the blocks a crashed run left (clean_stale_shared_memory).
 
     Private: Streaming registers a dataset by taking the first prefix with no "{prefix:06}_locals" block
     (streaming.base.shared.prefix.get_shm_prefix); two local leaders that look at once take the same one, and the
     second fails with FileExistsError: '/000000_locals'. The other ranks of a job only attach to their leader's
     block, so they take no lock (and cannot deadlock against it). After START_LOCK_WAIT s (a leader of another
     "node" on this host, in the same collective) the leader starts without the lock."""
-    if os.environ.get("LOCAL_RANK", "0") != "0" or not SHARED_MEMORY.is_dir():
+    if os.environ.get("LOCAL_RANK", "0") != "0":
+        yield
+        return
+    with _machine_lock(SHARED_MEMORY / START_LOCK, START_LOCK_WAIT):
+        clean_stale_shared_memory()
+        yield
+
+
+@contextlib.contextmanager
+def _machine_lock(path: Path, wait: float) -> Iterator[None]:
+    """An exclusive flock on `path`, waited for at most `wait` s; without it where the file cannot be opened."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:  # no /dev/shm, or not ours to open: start as Streaming alone would
         yield
         return
     try:
-        fd = os.open(SHARED_MEMORY / START_LOCK, os.O_RDWR | os.O_CREAT, 0o666)
-    except OSError:  # not ours to open: start as Streaming alone would
-        yield
-        return
-    try:
-        deadline = time.monotonic() + START_LOCK_WAIT
+        deadline = time.monotonic() + wait
         while not _try_lock(fd) and time.monotonic() < deadline:
             time.sleep(0.05)
         yield

@@ -233,13 +233,12 @@ def write_mds_splits(root: Path, tokens: np.ndarray, block_size: int = 32, vocab
 
 
 def streaming_dataset(**kwargs):
-    """A StreamingDataset(**kwargs) made as train.py makes its own: stale shared memory cleaned first, and under the
-    start lock (compat.streaming_start_lock), since tests in other workers start theirs at the same moment."""
+    """A StreamingDataset(**kwargs) made as train.py makes its own: under compat.streaming_start_lock (stale shared
+    memory cleaned first), since tests in other workers start theirs at the same moment."""
     from streaming import StreamingDataset
 
     from pilegpt import compat
 
-    compat.clean_stale_shared_memory()
     with compat.streaming_start_lock():
         return StreamingDataset(**kwargs)
 

@@ -77,7 +77,6 @@ def verify_split(source: str, job: SplitJob, spec: dict, dtype: np.dtype, client
     tokens = np.memmap(job.bin_path, dtype=dtype, mode="r")
     starts = spec_starts(spec, job.n_tokens)
     check = check_shard_files(source, client)
-    compat.clean_stale_shared_memory()
     with tempfile.TemporaryDirectory(prefix="to_mds_verify_") as cache:
         ds = open_dataset(source, cache, check)
         try:

@@ -308,7 +308,7 @@ def mds_split(cfg, split: str, batch_size: int, shuffle: bool, weighted: bool = 
                               validate_hash=validation_hash(index) if index is not None else None,
                               **(cfg.data_mix.get(root, {}) if weighted else {})))
     try:
-        with compat.streaming_start_lock():  # two runs starting at once on one machine
+        with compat.streaming_start_lock():  # two runs starting at once; shared memory a crash left
             return CheckedStreamingDataset(streams=streams, batch_size=batch_size, shuffle=shuffle,
                                            shuffle_seed=cfg.seed, num_canonical_nodes=cfg.num_canonical_nodes)
     except (FileNotFoundError, ValueError) as e:
@@ -409,7 +409,6 @@ def mds_loaders(cfg, world_size: int, loader_args: dict):
     from torch.utils.data import DataLoader
 
     per_rank, eval_bs = cfg.per_rank_batch(world_size), eval_batch_size(cfg)
-    compat.clean_stale_shared_memory()  # shared memory left by a crashed run breaks the next one
     check_writable_folder(cfg.data_local, "data_local", "pass another --data_local (the local MDS cache)")
     read_mds_indexes(cfg)  # every shard name of every split checked before Streaming starts
     train_set = mds_split(cfg, "train", per_rank, shuffle=True, weighted=True)
