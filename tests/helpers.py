@@ -475,6 +475,16 @@ def losses_by_batch(run_dir: Path) -> dict[int, float]:
     return {r["batch"]: r["loss"] for r in read_jsonl(run_dir / "metrics.jsonl") if "loss" in r}
 
 
+def assert_same_losses(got: dict, want: dict, batches, atol: float) -> float:
+    """Two runs' per-batch losses equal within `atol` on `batches` (np.allclose with rtol=0). Returns the largest
+    difference and prints it (`pytest -rP` shows it): the measured drift that a tolerance's comment quotes."""
+    batches = list(batches)
+    drift = max(abs(got[b] - want[b]) for b in batches)
+    print(f"loss drift over batches {batches[0]}-{batches[-1]}: {drift:.2e} (atol {atol:.0e})")
+    assert drift <= atol, [(b, got[b], want[b]) for b in batches]
+    return drift
+
+
 def tiny_export(folder: Path, seed: int = 0, **shape) -> Path:
     """folder/model.pt: the export (checkpoint.save_export) of a tiny untrained GPT made after torch.manual_seed(seed),
     of block_size 16, 1 layer, 1 head, 8 wide and GPT-2's vocabulary unless `shape` says otherwise."""

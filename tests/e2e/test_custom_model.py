@@ -8,12 +8,11 @@ import io
 import json
 import signal
 
-import numpy as np
 import pytest
 
 import eval as eval_script
 import sample
-from helpers import FIXTURES, SMALL, losses_by_batch, main_error, read_jsonl, run_train, train_main
+from helpers import FIXTURES, SMALL, assert_same_losses, losses_by_batch, main_error, read_jsonl, run_train, train_main
 
 MY_GPT = "examples.my_model:MyGPT"
 ARGS = [*SMALL, "--device=cpu", "--progress_bar=False", "--eval_interval=3ba", "--eval_subset_num_batches=1",
@@ -42,7 +41,7 @@ def test_my_model_killed_mid_checkpoint_resumes_loss_for_loss(runs):
     assert "resuming from ep0-ba3-rank0.pt" in resumed and "resumed at batch 3" in resumed
     expected, got = losses_by_batch(whole), losses_by_batch(killed)
     assert sorted(got) == sorted(expected) == list(range(1, 7))
-    assert np.allclose([got[b] for b in range(1, 7)], [expected[b] for b in range(1, 7)], rtol=0, atol=1e-6)
+    assert_same_losses(got, expected, range(1, 7), atol=1e-6)
     assert expected[6] < expected[1]  # it learns
     record = json.loads((killed / "config.json").read_text())["config"]
     assert record["model_class"] == MY_GPT and record["model_args"]["n_embd"] == 32

@@ -76,7 +76,7 @@ def test_a_nanogpt_data_folder_trains_as_uint16_gpt2_tokens(tmp_path, capsys):
     folder.mkdir()
     rng = np.random.default_rng(0)
     for split, n in (("train", 5000), ("val", 1000)):
-        rng.integers(0, 50257, n).astype(np.uint16).tofile(folder / f"{split}.bin")  # nanoGPT's prepare.py
+        rng.integers(0, 50257, n).astype(np.uint16).tofile(folder / f"{split}.bin")  # nanoGPT's data/*/prepare.py
     train.main([f"--data_dir={folder}", *TRAIN, f"--save_folder={tmp_path / 'run'}"])
     out = capsys.readouterr().out
     assert f"note: {folder} has no meta.json: reading its .bin files as nanoGPT's" in out

@@ -9,7 +9,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import SMALL, losses_by_batch, read_jsonl, run_train, shakespeare_tokens, succeeded, train_main, write_bin
+from helpers import (
+    SMALL,
+    assert_same_losses,
+    losses_by_batch,
+    read_jsonl,
+    run_train,
+    shakespeare_tokens,
+    succeeded,
+    train_main,
+    write_bin,
+)
 from pilegpt.checkpoint import load_model
 from pilegpt.data import read_windows, window_starts
 
@@ -65,4 +75,4 @@ def test_a_bin_run_resumed_at_other_process_counts_keeps_its_global_batches(tmp_
     whole = losses_by_batch(tmp_path / "whole" / "run")
     resized = losses_by_batch(tmp_path / "resized" / "run")
     assert sorted(resized) == list(range(1, 9))
-    assert np.allclose([resized[b] for b in range(1, 9)], [whole[b] for b in range(1, 9)], rtol=0, atol=1e-5)
+    assert_same_losses(resized, whole, range(1, 9), atol=1e-5)

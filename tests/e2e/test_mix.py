@@ -16,6 +16,7 @@ from e2e.test_train import assert_resumed_where_it_stopped, callbacks, simulate_
 from helpers import (
     REPO,
     SMALL,
+    assert_same_losses,
     expected_tokens,
     losses_by_batch,
     main_error,
@@ -88,7 +89,7 @@ def test_a_mixed_run_resumes_loss_for_loss_after_a_kill_and_on_two_processes(mix
     moved = [a for a in args if not a.startswith(("--save_folder", "--callbacks"))]
     succeeded(run_train([*moved, f"--save_folder={resized}", "--autoresume=True"], tmp_path, nproc=2))
     after = losses_by_batch(resized)
-    assert np.allclose([after[b] for b in (4, 5, 6)], [whole[b] for b in (4, 5, 6)], rtol=0, atol=1e-5)
+    assert_same_losses(after, whole, (4, 5, 6), atol=1e-5)
     # after a kill, in this process: the same samples and losses from batch 4 on
     simulate_crash_after(tmp / "run", keep_batch=3)
     capsys.readouterr()

@@ -18,13 +18,13 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import psutil
 import pytest
 
 from helpers import (
     REPO,
     SMALL,
+    assert_same_losses,
     finish_all,
     free_port,
     losses_by_batch,
@@ -158,7 +158,7 @@ def test_a_job_of_two_nodes_survives_a_lost_node_a_preemption_and_a_resume_on_on
 
     job_losses = {**first, **second, **third}
     assert sorted(job_losses) == list(range(1, 10))
-    assert np.allclose([job_losses[b] for b in range(1, 10)], [expected[b] for b in range(1, 10)], rtol=0, atol=1e-5)
+    assert_same_losses(job_losses, expected, range(1, 10), atol=1e-5)
 
 
 def test_a_local_save_folder_the_nodes_do_not_share_is_refused_before_training(tmp_path):

@@ -12,12 +12,12 @@ import shutil
 import subprocess
 import time
 
-import numpy as np
 import pytest
 
 from helpers import (
     REPO,
     SMALL,
+    assert_same_losses,
     free_port,
     interpreter_bin,
     losses_by_batch,
@@ -151,4 +151,4 @@ def test_sigterm_on_a_real_slurm_checkpoints_requeues_and_resumes_loss_for_loss(
     assert f"done: {6 - stop_batch} batches" in out
     assert [r["batch"] for r in read_jsonl(metrics) if "loss" in r] == list(range(1, 7))  # none lost or repeated
     got = losses_by_batch(saved)
-    assert np.allclose([got[b] for b in range(1, 7)], [expected[b] for b in range(1, 7)], rtol=0, atol=1e-6)
+    assert_same_losses(got, expected, range(1, 7), atol=1e-6)

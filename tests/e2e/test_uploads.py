@@ -1,6 +1,6 @@
 """uploads.S3Uploads, the training run's one uploader, against the real loopback S3 server: it is what Composer's
 checkpoint saver uploads with, every upload is in the bucket when wait() returns, and the first failure is the
-one error reported (tests/test_faults.py loses the server mid-training through train.py)."""
+one error reported (tests/e2e/test_faults.py loses the server mid-training through train.py)."""
 
 import os
 
