@@ -8,7 +8,7 @@
 #   python sample.py --checkpoint runs/finetune_shakespeare --prompt "ROMEO:"
 # The model's shape (layers, heads, width, vocabulary) comes from init_from; block_size crops GPT-2's 1024
 # positions to 256. The loss it reaches is not measured: this was written on a machine without access to the
-# Hugging Face hub (tests/test_init_from.py runs this file with a tiny stand-in for gpt2).
+# Hugging Face hub (tests/e2e/test_init_from.py runs this file with a tiny stand-in for gpt2).
 
 init_from = "gpt2"
 block_size = 256

@@ -1,5 +1,5 @@
 """Every use of a library's private parts, in one place: Composer 0.32.1 and mosaicml-streaming 0.13.0. Each entry
-says which version it was written against and why the public API does not serve; tests/test_compat.py fails when
+says which version it was written against and why the public API does not serve; tests/unit/test_compat.py fails when
 an upgrade moves one of them. Composer and Streaming are imported inside the functions (both are slow to import).
 Details: docs/extending.md."""
 
@@ -23,7 +23,8 @@ def checkpoint_saver_uploads_through(uploader: Any) -> Iterator[None]:
     of Composer's process-based RemoteUploader.
 
     Private: composer.callbacks.checkpoint_saver looks the class up by the module-level name `RemoteUploader`
-    when the saver is built; the Trainer has no argument for the uploader (uploads.py says why ours is needed).
+    when the saver is built; the Trainer has no argument for the uploader (pilegpt/train/run_uploads.py says why
+    ours is needed).
     """
     from composer.callbacks import checkpoint_saver
 

@@ -2,7 +2,7 @@
 AdamW over its two parameter groups (or Muon and AdamW, optimizer="muon"), gradient clipping, the cosine schedule
 with warmup, train.py's data order.
 
-tests/test_bench_train.py pins its losses to train.py's; bench/bench_train.py times train.py against it.
+tests/e2e/test_bench_train.py pins its losses to train.py's; bench/bench_train.py times train.py against it.
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ def train(cfg: TrainConfig, model: GPT | None = None) -> Iterator[tuple[int, int
     for it, batch in enumerate(loader):
         if it == max_batches:
             break
+        # ---- one training step: docs/training.md shows these lines, and which Composer event runs each ----------
         x, y = batch["x"], batch["y"]  # (B, T) token ids; y is x shifted left by one token
         # Composer sets lr(0) at the start, then steps its scheduler after each batch before the batch count moves
         # on: batch `it` (from 0) trains at lr(it - 1), the first two at lr(0)
@@ -70,5 +71,6 @@ def train(cfg: TrainConfig, model: GPT | None = None) -> Iterator[tuple[int, int
         if cfg.grad_clip:  # Composer's GradientClipping(clipping_type="norm"): the global norm of all gradients
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         optimizer.step()
+        # ---- end of the step ------------------------------------------------------------------------------------
         tokens += x.numel()
         yield it + 1, tokens, loss.item()

@@ -1,5 +1,6 @@
 """The docs stay true: every relative link and anchor resolves, every command README.md names exists, every test
-function the docs name exists, and docs/layout.md's module table is the modules' own docstrings (docs/testing.md).
+function the docs name exists, every repository path a docstring or comment names exists, and docs/layout.md's
+module table is the modules' own docstrings (docs/testing.md).
 
 Reads files only: no subprocess, no network, no torch.
 
@@ -10,9 +11,12 @@ from __future__ import annotations
 
 import argparse
 import ast
+import io
 import re
 import shlex
 import sys
+import textwrap
+import tokenize
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -21,6 +25,8 @@ README = REPO / "README.md"
 PAGES = sorted((REPO / "docs").glob("*.md"))
 LINKED = [README, REPO / "CHANGELOG.md", *PAGES]  # every relative link in these must resolve
 LAYOUT = REPO / "docs" / "layout.md"
+STEP_SOURCE, STEP_PAGE = REPO / "pilegpt" / "train" / "plain_loop.py", REPO / "docs" / "training.md"
+STEP_START, STEP_END = "# ---- one training step", "# ---- end of the step"  # the rulers in plain_loop.py
 TABLE_START = "<!-- module table:"
 TABLE_END = "<!-- end of module table -->"
 README_MAX_LINES = 260
@@ -36,6 +42,10 @@ LINK = re.compile(r"\[(?:[^\]\[]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*
 TEST_NAME = re.compile(r"\b(test_\w+)\b(?!\.py|/)")
 PATH = re.compile(r"[\w.-]+(/[\w.-]+)*\.(py|sh|sbatch|yaml|txt|jsonl)")  # a repo file a command names
 SENTENCE_END = re.compile(r"(?<!e\.g)(?<!i\.e)[.!?](?=\s|$)")
+FOLDERS = ("assets", "bench", "config", "docs", "examples", "mcli", "pilegpt", "scripts", "tests")  # the repo's own
+REPO_PATH = re.compile(r"(?<![\w./$-])((?:%s)/[\w./*-]*(?:\.\w+|/))" % "|".join(FOLDERS))  # tests/helpers.py, docs/
+BARE_FILE = re.compile(r"(?<![\w./${-])(\w+\.(?:py|sh|sbatch|yaml))\b")  # helpers.py: some file of the repo
+NOT_OURS = {"prepare.py": "nanoGPT's", "early_stopper.py": "Composer's"}  # bare names of other projects' files
 
 
 # ---- reading markdown ----------------------------------------------------------------------------------------
@@ -98,6 +108,42 @@ def broken_link(path: Path, target: str) -> Optional[str]:
     if anchor and file.suffix == ".md" and anchor not in anchors(file):
         return f"no heading with the anchor #{anchor} in {file.relative_to(REPO)}"
     return None
+
+
+# ---- paths in docstrings and comments -------------------------------------------------------------------------
+
+
+def repo_files() -> list[Path]:
+    """The repository's own files: those at the top and in FOLDERS (no virtual environment, data or runs)."""
+    found = [p for p in REPO.iterdir() if p.is_file()]
+    found += [p for f in FOLDERS for p in (REPO / f).rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+    return sorted(found)
+
+
+def notes_of(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, line) of what a reader takes as prose about the code: a Python file's comments and docstrings
+    (strings that stand alone as statements), every line of a shell script, YAML or a markdown page outside docs/."""
+    text = path.read_text()
+    if path.suffix != ".py":
+        yield from enumerate(text.splitlines(), 1)
+        return
+    tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
+    alone = (tokenize.NEWLINE, tokenize.NL, tokenize.INDENT, tokenize.DEDENT)
+    for before, token in zip([None, *tokens], tokens):
+        if token.type == tokenize.COMMENT:
+            yield token.start[0], token.string
+        elif token.type == tokenize.STRING and (before is None or before.type in alone):
+            yield from enumerate(token.string.splitlines(), token.start[0])
+
+
+def missing_paths(path: Path, basenames: set[str]) -> Iterator[str]:
+    for number, line in notes_of(path):
+        for named in REPO_PATH.findall(line):
+            if not (any(REPO.glob(named)) if "*" in named else (REPO / named).exists()):
+                yield f"{path.relative_to(REPO)}:{number}: {named}"
+        for named in BARE_FILE.findall(line):
+            if named not in basenames and named not in NOT_OURS:
+                yield f"{path.relative_to(REPO)}:{number}: {named} (no file of that name in the repository)"
 
 
 # ---- commands --------------------------------------------------------------------------------------------------
@@ -278,6 +324,15 @@ def test_every_test_function_the_docs_name_exists():
     assert not missing, "no such test function under tests/:\n" + "\n".join(missing)
 
 
+def test_every_repository_path_a_docstring_or_comment_names_exists():
+    files = repo_files()
+    basenames = {p.name for p in files}
+    prose = [p for p in files if p.suffix in (".py", ".sh", ".sbatch", ".yaml")
+             or (p.suffix == ".md" and p.parent not in (REPO, REPO / "docs"))]  # README, CHANGELOG, docs/: links
+    missing = [problem for p in prose for problem in missing_paths(p, basenames)]
+    assert not missing, "no such file in the repository (moved or renamed?):\n" + "\n".join(missing)
+
+
 def test_every_row_of_what_survives_what_names_its_test_and_the_count_is_right():
     text = (REPO / "docs" / "robustness.md").read_text()
     rows = [line for _, line in prose_lines(text)
@@ -296,6 +351,17 @@ def test_the_module_table_is_the_modules_own_docstrings():
     assert table == expected, ("docs/layout.md's module table differs from the modules: run "
                                f"`python tests/unit/test_docs.py --write-layout`, or paste this table:\n\n{expected}\n")
     assert "(no docstring)" not in expected, "every module needs a docstring"
+
+
+def test_the_step_on_one_page_is_plain_loop_pys_own_lines():
+    source = STEP_SOURCE.read_text().splitlines()
+    start = next(i for i, line in enumerate(source) if line.strip().startswith(STEP_START))
+    end = next(i for i, line in enumerate(source) if line.strip().startswith(STEP_END))
+    step = textwrap.dedent("\n".join(source[start + 1:end]))
+    section = STEP_PAGE.read_text().split("## The training step on one page", 1)[1].split("\n## ", 1)[0]
+    shown = next(lines for lang, lines in code_blocks(section) if lang == "python")
+    assert "\n".join(shown) == step, (f"{STEP_PAGE.relative_to(REPO)}'s step differs from the lines between the "
+                                     f"rulers of {STEP_SOURCE.relative_to(REPO)}: paste them:\n\n{step}\n")
 
 
 def test_readme_fits_on_a_few_screens():
