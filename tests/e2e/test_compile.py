@@ -2,12 +2,11 @@
 exports, and its losses equal eager's, for GPT-2 and for config/modern.py's preset. Each compiled process spends
 tens of seconds in inductor, so each preset is one eager run and one compiled run, resumed in this process."""
 
-import numpy as np
 import pytest
 import torch
 
 from e2e.test_train import simulate_crash_after
-from helpers import REPO, SMALL, losses_by_batch, read_jsonl, train_main
+from helpers import REPO, SMALL, assert_same_losses, losses_by_batch, read_jsonl, train_main
 from pilegpt.checkpoint import load_model_file
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -25,7 +24,8 @@ def test_compiled_run_equals_eager_checkpoints_resumes_and_exports(preset, shake
     train_main([*args, f"--save_folder={compiled}", "--compile=True"])
     want = losses_by_batch(eager)
     assert sorted(want) == [1, 2, 3, 4, 5, 6]
-    np.testing.assert_allclose([losses_by_batch(compiled)[b] for b in want], list(want.values()), atol=1e-4)
+    # inductor fuses and reorders eager's float32 arithmetic: the losses differ by rounding (drift measured below)
+    assert_same_losses(losses_by_batch(compiled), want, want, atol=1e-4)
     val = [r["val_loss"] for r in read_jsonl(compiled / "metrics.jsonl") if "val_loss" in r]
     want_val = [r["val_loss"] for r in read_jsonl(eager / "metrics.jsonl") if "val_loss" in r]
     assert len(val) == 1 and abs(val[0] - want_val[0]) < 1e-4
@@ -34,7 +34,7 @@ def test_compiled_run_equals_eager_checkpoints_resumes_and_exports(preset, shake
     train_main([*args, f"--save_folder={compiled}", "--compile=True", "--autoresume=True"])
     resumed = [r for r in read_jsonl(compiled / "metrics.jsonl") if "loss" in r][6:]
     assert [r["batch"] for r in resumed] == [4, 5, 6]
-    np.testing.assert_allclose([r["loss"] for r in resumed], [want[b] for b in (4, 5, 6)], atol=1e-4)
+    assert_same_losses({r["batch"]: r["loss"] for r in resumed}, want, (4, 5, 6), atol=1e-4)
 
     # the export holds plain parameter names (no torch.compile prefix) and computes what eager's export computes
     ours, theirs = load_model_file(compiled / "model.pt"), load_model_file(eager / "model.pt")

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers import (
+    ACROSS_PROCESS_COUNTS,
     SMALL,
     assert_same_losses,
     losses_by_batch,
@@ -51,7 +52,8 @@ def test_the_val_loss_is_over_the_same_samples_at_any_process_count(tmp_path, np
 
 def test_a_bin_run_resumed_at_other_process_counts_keeps_its_global_batches(tmp_path, monkeypatch, capsys):
     """Checkpointed at batch 3 by 1 process, continued by 2 to batch 6, then by 1 again to batch 8 (1 -> 2 -> 1): the
-    same global batches in the same order as a run that never changed size, so the same losses (within 1e-5)."""
+    same global batches in the same order as a run that never changed size, so the same losses (within float32
+    rounding: ACROSS_PROCESS_COUNTS)."""
     write_bin(tmp_path / "data", shakespeare_tokens()[:20_000])
     # a constant learning rate after warmup (min_lr = learning_rate), so that where a run stops changes no schedule
     args = [*SMALL, f"--data_dir={tmp_path / 'data'}", "--min_lr=3e-3", "--save_interval=3ba", "--eval_interval=100ba",
@@ -75,4 +77,4 @@ def test_a_bin_run_resumed_at_other_process_counts_keeps_its_global_batches(tmp_
     whole = losses_by_batch(tmp_path / "whole" / "run")
     resized = losses_by_batch(tmp_path / "resized" / "run")
     assert sorted(resized) == list(range(1, 9))
-    assert_same_losses(resized, whole, range(1, 9), atol=1e-5)
+    assert_same_losses(resized, whole, range(1, 9), atol=ACROSS_PROCESS_COUNTS)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import eval as eval_script
 from helpers import (
-    FIXTURES,
+    HELLASWAG_TINY,
     REPO,
     SMALL,
     failed_with_one_line,
@@ -24,7 +24,6 @@ from helpers import (
     run_command,
     shakespeare_tokens,
     succeeded,
-    tiny_export,
     train_main,
     write_bin,
 )
@@ -32,17 +31,10 @@ from pilegpt.checkpoint import load_model
 from pilegpt.data import read_windows, window_starts
 from pilegpt.tokenizer import gpt2
 
-TINY = FIXTURES / "hellaswag_tiny.jsonl"  # 64 examples made from tiny Shakespeare (make_fixtures.py)
-
-
-@pytest.fixture(scope="module")
-def model_file(tmp_path_factory):
-    return tiny_export(tmp_path_factory.mktemp("eval"), seed=3, block_size=48, n_layer=2, n_head=2, n_embd=32)
-
 
 def test_two_processes_count_what_one_counts(model_file, tmp_path, capsys):
     outs = {}
-    args = [model_file, "--task", "hellaswag", "--data", TINY, "--limit", "30"]
+    args = [model_file, "--task", "hellaswag", "--data", HELLASWAG_TINY, "--limit", "30"]
     assert eval_script.main([*map(str, args), "--out", str(tmp_path / "r1.json")]) == 0  # 1: this process
     succeeded(run_command([sys.executable, "-m", "composer.cli.launcher", "-n", "2", REPO / "eval.py", *args, "--out",
                            tmp_path / "r2.json"], tmp_path))
@@ -71,7 +63,7 @@ def test_training_reports_bpb_named_eval_sets_and_hellaswag_as_eval_py_scores_it
     train_main([*SMALL, f"--data_dir={tmp_path / 'data'}", "--max_duration=4ba", "--eval_interval=4ba",
                 "--eval_subset_num_batches=-1", "--progress_bar=False", "--save_folder=run", "--sample_length=0",
                 f"--eval_data={{'other': {str(tmp_path / 'other')!r}}}", "--hellaswag_examples=20",
-                f"--hellaswag_data={TINY}"])
+                f"--hellaswag_data={HELLASWAG_TINY}"])
     out = capsys.readouterr().out
     row = read_jsonl(tmp_path / "run" / "metrics.jsonl")[-1]
     assert {"val_loss", "val_bpb", "other_loss", "other_bpb", "hellaswag_acc", "hellaswag_acc_norm"} <= set(row)
@@ -92,7 +84,7 @@ def test_training_reports_bpb_named_eval_sets_and_hellaswag_as_eval_py_scores_it
         bpb = float(losses[nbytes > 0].sum() / math.log(2) / nbytes.sum())
         assert math.isclose(row[f"{label}_bpb"], bpb, rel_tol=1e-5), (label, row[f"{label}_bpb"], bpb)
 
-    assert eval_script.main([str(tmp_path / "run" / "model.pt"), "--task", "hellaswag", "--data", str(TINY),
+    assert eval_script.main([str(tmp_path / "run" / "model.pt"), "--task", "hellaswag", "--data", str(HELLASWAG_TINY),
                              "--limit", "20", "--out", str(tmp_path / "h.json")]) == 0
     scored = json.loads((tmp_path / "h.json").read_text())
     assert (scored["acc"], scored["acc_norm"]) == (row["hellaswag_acc"], row["hellaswag_acc_norm"])
@@ -107,7 +99,7 @@ def test_lm_evaluation_harness_agrees_with_eval_py_on_every_example(tmp_path, mo
     offline_hf_export(tmp_path, monkeypatch, seed=5, block_size=128)
     data = tmp_path / "task" / "data.jsonl"
     data.parent.mkdir()
-    data.write_text("\n".join(TINY.read_text().splitlines()[:24]) + "\n")
+    data.write_text("\n".join(HELLASWAG_TINY.read_text().splitlines()[:24]) + "\n")
     (tmp_path / "task" / "tiny_hellaswag.yaml").write_text(
         "task: tiny_hellaswag\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
         f"    test: {data}\ntest_split: test\noutput_type: multiple_choice\ndoc_to_text: \"{{{{ctx}}}}\"\n"

@@ -18,31 +18,22 @@ import torch.nn.functional as F
 
 import sample
 import train
-from helpers import REPO, SHAKESPEARE, train_main
+from helpers import INIT_BLOCK as T
+from helpers import PERIODIC_HF_SHAPE as HF_SHAPE
+from helpers import REPO, periodic_window, train_main
 from model import GPTConfig
 from pilegpt import checkpoint, hf
 from pilegpt.common import UserError
-from pilegpt.data import write_token_files
-from pilegpt.tokenizer import gpt2
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-HF_SHAPE = dict(n_layer=2, n_head=2, n_embd=32, n_positions=64, vocab_size=50257)
-T = 32  # the block_size of the runs: init_from crops the source's 64 positions to 32
 BATCH = ["--global_batch_size=4", "--device_train_microbatch_size=4", "--sample_length=0", "--warmup=0ba",
          "--learning_rate=1e-3", "--min_lr=1e-3", "--device=cpu", "--progress_bar=False"]
 SMALL = ["--n_layer=2", "--n_head=2", "--n_embd=32", f"--block_size={T}", *BATCH]
 
 
-def window() -> tuple[torch.Tensor, torch.Tensor]:
-    """The (x, y) pair every window of the periodic dataset holds: T tokens of Shakespeare, y = x shifted."""
-    base = gpt2().encode_ordinary(SHAKESPEARE.read_text()[:2000])[:T]
-    x = torch.tensor(base)
-    return x, torch.roll(x, -1)
-
-
 def loss_on_window(logits_fn) -> float:
-    x, y = window()
+    x, y = periodic_window()
     with torch.no_grad():
         return F.cross_entropy(logits_fn(x[None]).reshape(-1, 50257), y).item()
 
@@ -50,33 +41,6 @@ def loss_on_window(logits_fn) -> float:
 def read_losses(run_dir) -> dict[int, float]:
     return {r["batch"]: r["loss"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
             if "loss" in r}
-
-
-@pytest.fixture(scope="module")
-def periodic_data(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("periodic")
-    x, _ = window()
-    write_token_files(folder, {"train": np.tile(x.numpy(), 40).astype(np.uint16)})
-    return folder
-
-
-@pytest.fixture(scope="module")
-def hf_folder(tmp_path_factory):
-    """A tiny GPT-2 (transformers), trained for a few steps on the periodic window, saved with save_pretrained."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(0)
-    hf = GPT2LMHeadModel(GPT2Config(**HF_SHAPE, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
-    x, y = window()
-    opt = torch.optim.Adam(hf.parameters(), lr=1e-2)
-    for _ in range(15):
-        loss = F.cross_entropy(hf(x[None]).logits[0], y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    folder = tmp_path_factory.mktemp("hf") / "tiny-gpt2"
-    hf.save_pretrained(folder)
-    return folder
 
 
 def hf_model(folder):
@@ -129,12 +93,6 @@ def test_config_that_contradicts_the_source_is_one_error_naming_both(hf_folder, 
                  "block_size=128 but it has block_size=64"):
         assert part in message
     assert not (tmp_path / "run").exists()  # refused before anything was written
-
-
-
-
-
-
 
 
 def test_unsupported_hf_settings_are_named(hf_folder, tmp_path):

@@ -11,7 +11,6 @@ import signal
 import numpy as np
 import pytest
 
-import prepare_data
 from helpers import (
     PILE_SAMPLE,
     SHAKESPEARE,
@@ -29,13 +28,11 @@ from helpers import (
     write_jsonl,
     write_parquet_dataset,
 )
+from helpers import (
+    prepare_data_main as run,
+)
 from pilegpt.common import UserError
 from pilegpt.prepare import out_folder, sources, tokenize_pool
-
-
-def run(*args):
-    """prepare_data.py's main() in this process: where a dataset is set up, not what is tested."""
-    return prepare_data.main([str(a) for a in args])
 
 
 def prepare(*args, env=None, **popen) -> tuple[int, str]:

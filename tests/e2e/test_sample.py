@@ -19,6 +19,9 @@ from helpers import (
     succeeded,
     tiny_export,
 )
+from helpers import (
+    sample_output as run,
+)
 from pilegpt.checkpoint import EXPORT_NAME
 from pilegpt.common import UserError
 
@@ -31,11 +34,6 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 @pytest.fixture(scope="module")
 def export(tmp_path_factory):
     return tiny_export(tmp_path_factory.mktemp("run"), **CONFIG)
-
-
-def run(capsys, *argv) -> str:
-    assert sample.main(["--device", "cpu", *argv]) == 0
-    return capsys.readouterr().out
 
 
 def test_memory_does_not_grow_with_the_number_of_samples(export):

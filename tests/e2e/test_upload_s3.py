@@ -2,7 +2,7 @@
 conftest.py): every file up, reruns skip, index.json last, a kill resumes, verification, credentials and faults.
 What it refuses without a server, S3 URLs and error texts: tests/unit/test_upload_s3.py.
 
-The datasets are MDS datasets as to_mds.py writes them (helpers.write_mds: data.py's columns, x and y of BLOCK
+The datasets are MDS datasets as to_mds.py writes them (helpers.write_mds: data.py's columns, x and y of MDS_BLOCK
 uint16 tokens, y = x shifted by one), of random tokens. S3 requests are watched through botocore's event hooks on the
 client s3.make_client returns: every S3 request goes through it.
 """
@@ -17,6 +17,7 @@ import pytest
 
 import upload_s3
 from helpers import (
+    MDS_BLOCK,
     failed_with_one_line,
     files_of,
     free_port,
@@ -32,18 +33,7 @@ from pilegpt import s3
 from pilegpt.common import UserError
 from pilegpt.mds import s3_upload
 
-BLOCK = 64  # tokens per sample in the small dataset
 SECRET_NOT_TO_LEAK = "wrong-secret-that-must-not-leak-7c1e"
-
-
-@pytest.fixture(scope="module")
-def small_mds(tmp_path_factory):
-    """mds/train (about 8 shards) + mds/val (2 shards) + a side file; returns (folder, {split: tokens})."""
-    root = tmp_path_factory.mktemp("small") / "mds"
-    tokens = {"train": write_random_mds(root / "train", 2000, BLOCK, 1 << 16, seed=1),
-              "val": write_random_mds(root / "val", 300, BLOCK, 1 << 16, seed=2)}
-    (root / "to_mds.json").write_text(json.dumps({"block_size": BLOCK, "dtype": "uint16"}))
-    return root, tokens
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +175,7 @@ def test_streaming_reads_back_every_token(s3_env, small_mds, tmp_path, capsys):
     for split in ("train", "val"):
         dataset = streaming_dataset(remote=f"s3://{s3_env.bucket}/{prefix}/{split}", local=str(tmp_path / split),
                                     shuffle=False, batch_size=1)
-        n = (len(tokens[split]) - 1) // BLOCK
+        n = (len(tokens[split]) - 1) // MDS_BLOCK
         assert len(dataset) == n
         x = np.stack([np.asarray(dataset[i]["x"]) for i in range(n)])
         y = np.stack([np.asarray(dataset[i]["y"]) for i in range(n)])
@@ -233,9 +223,9 @@ def test_folder_without_index_is_refused_unless_any_folder(s3_env, tmp_path, cap
 def test_only_what_index_json_lists_goes_up_not_the_copies_a_reader_decompressed(s3_env, tmp_path, capsys):
 
     root = tmp_path / "mds"
-    write_random_mds(root / "train", 600, BLOCK, 1 << 15, seed=6, compression="zstd")
-    write_random_mds(root / "val", 100, BLOCK, 1 << 15, seed=7, compression="zstd")
-    (root / "train" / "to_mds.json").write_text(json.dumps({"block_size": BLOCK}))
+    write_random_mds(root / "train", 600, MDS_BLOCK, 1 << 15, seed=6, compression="zstd")
+    write_random_mds(root / "val", 100, MDS_BLOCK, 1 << 15, seed=7, compression="zstd")
+    (root / "train" / "to_mds.json").write_text(json.dumps({"block_size": MDS_BLOCK}))
     as_written = files_of(root)  # index.json, shard.NNNNN.mds.zstd, to_mds.json
     dataset = streaming_dataset(local=str(root / "train"), shuffle=False, batch_size=1)
     assert sum(1 for _ in dataset) == 600  # read in place: Streaming decompresses every shard beside its .zstd

@@ -12,30 +12,23 @@ import torch.nn.functional as F
 
 import eval as eval_script
 import export_hf
-from helpers import FIXTURES, tiny_export
+from helpers import HELLASWAG_TINY
 from pilegpt import hellaswag
 from pilegpt.common import UserError
 from pilegpt.tokenizer import gpt2
-
-TINY = FIXTURES / "hellaswag_tiny.jsonl"  # 64 examples made from tiny Shakespeare (make_fixtures.py)
-
-
-@pytest.fixture(scope="module")
-def model_file(tmp_path_factory):
-    return tiny_export(tmp_path_factory.mktemp("eval"), seed=3, block_size=48, n_layer=2, n_head=2, n_embd=32)
 
 
 def test_predictions_equal_transformers_on_the_exported_model(model_file, tmp_path, capsys):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    assert eval_script.main([str(model_file), "--task", "hellaswag", "--data", str(TINY), "--batch-size", "5",
+    assert eval_script.main([str(model_file), "--task", "hellaswag", "--data", str(HELLASWAG_TINY), "--batch-size", "5",
                              "--out", str(tmp_path / "r.json")]) == 0
     line = capsys.readouterr().out.strip()
     result = json.loads((tmp_path / "r.json").read_text())
     export_hf.main([str(model_file), str(tmp_path / "hf")])
     hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
     tok = AutoTokenizer.from_pretrained(tmp_path / "hf")
-    examples = hellaswag.read_examples(TINY)
+    examples = hellaswag.read_examples(HELLASWAG_TINY)
     assert result["n"] == len(examples) == 64 and [p["ind"] for p in result["predictions"]] == list(range(64))
     for example, got in zip(examples, result["predictions"]):
         ctx = tok(example.ctx)["input_ids"]
@@ -62,7 +55,7 @@ def test_a_padded_batch_gives_the_losses_of_one_example_at_a_time(model_file):
     from pilegpt.checkpoint import load_model
 
     model, enc = load_model(str(model_file)), gpt2()
-    rows = [hellaswag.render(e, enc, 48) for e in hellaswag.read_examples(TINY)[:6]]
+    rows = [hellaswag.render(e, enc, 48) for e in hellaswag.read_examples(HELLASWAG_TINY)[:6]]
     assert len({len(r.tokens) for example in rows for r in example}) > 3  # rows of many lengths: padding matters
     together = hellaswag.ending_losses(model, rows, torch.device("cpu"))
     alone = torch.cat([hellaswag.ending_losses(model, [r], torch.device("cpu")) for r in rows])
@@ -78,7 +71,7 @@ def test_long_examples_keep_their_last_block_size_tokens():
 
 def test_malformed_lines_are_refused_naming_file_and_line(tmp_path):
     bad = tmp_path / "bad.jsonl"
-    good = TINY.read_text().splitlines()[0]
+    good = HELLASWAG_TINY.read_text().splitlines()[0]
     for line, why in (("{not json", "not a JSON object"), ('{"ctx": "a", "endings": ["x"], "label": 0}', "4 strings"),
                       ('{"ctx": "a", "endings": ["w", "x", "y", "z"], "label": 7}', "'label'")):
         bad.write_text(good + "\n" + line + "\n")
@@ -114,7 +107,7 @@ class Server:
 
 
 def val_set(n: int) -> bytes:
-    line = TINY.read_text().splitlines()[0]
+    line = HELLASWAG_TINY.read_text().splitlines()[0]
     return ("\n".join([line] * n) + "\n").encode()
 
 

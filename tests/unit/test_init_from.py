@@ -1,37 +1,14 @@
 """train.py's init_from refusals in this process: OpenAI's weights by name offline, a missing source and a truncated
 .safetensors file are one line. Runs that start from Hugging Face or pile-gpt weights: tests/e2e/test_init_from.py."""
 
-import numpy as np
 import pytest
-import torch
 
 import train
 from helpers import main_error
 from pilegpt.common import UserError
-from pilegpt.data import write_token_files
 
 BATCH = ["--global_batch_size=4", "--device_train_microbatch_size=4", "--sample_length=0", "--warmup=0ba",
          "--learning_rate=1e-3", "--min_lr=1e-3", "--device=cpu", "--progress_bar=False"]
-
-
-@pytest.fixture(scope="module")
-def periodic_data(tmp_path_factory):
-    """Some .bin data: these runs are refused before they read it."""
-    folder = tmp_path_factory.mktemp("data")
-    write_token_files(folder, {"train": np.arange(2000) % 50257})
-    return folder
-
-
-@pytest.fixture(scope="module")
-def hf_folder(tmp_path_factory):
-    """A tiny GPT-2 saved with transformers' save_pretrained (untrained: only its files matter here)."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(0)
-    folder = tmp_path_factory.mktemp("hf") / "tiny-gpt2"
-    GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=64, vocab_size=50257)).save_pretrained(
-        folder)
-    return folder
 
 
 def test_gpt2_by_name_without_the_hub_is_a_one_line_error(monkeypatch, periodic_data, tmp_path):

@@ -5,23 +5,16 @@ import pickle
 import pytest
 import torch
 
+from helpers import TINY_GPT, tiny_gpt
 from model import GPT, GPTConfig
 from pilegpt.checkpoint import EXPORT_FORMAT, load_model, load_model_file, save_export
 from pilegpt.common import UserError
 
-TINY = dict(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32, dropout=0.0)
-
-
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def tiny_model(seed: int = 0, **overrides) -> GPT:
-    torch.manual_seed(seed)
-    return GPT(GPTConfig(**{**TINY, **overrides}))
-
-
 def test_forward_shapes_with_and_without_targets():
-    model = tiny_model()
+    model = tiny_gpt()
     idx = torch.randint(0, 64, (3, 10))
     logits, loss = model(idx, targets=torch.randint(0, 64, (3, 10)))
     assert logits.shape == (3, 10, 64)
@@ -33,7 +26,7 @@ def test_forward_shapes_with_and_without_targets():
 
 
 def test_last_position_logits_match_full_logits():
-    model = tiny_model().eval()
+    model = tiny_gpt().eval()
     idx = torch.randint(0, 64, (2, 9))
     full, _ = model(idx, targets=torch.zeros_like(idx))
     last, _ = model(idx)
@@ -41,7 +34,7 @@ def test_last_position_logits_match_full_logits():
 
 
 def test_ignore_index_minus_one_is_left_out_of_the_loss():
-    model = tiny_model()
+    model = tiny_gpt()
     idx = torch.randint(0, 64, (2, 8))
     targets = torch.randint(0, 64, (2, 8))
     masked = targets.clone()
@@ -53,11 +46,11 @@ def test_ignore_index_minus_one_is_left_out_of_the_loss():
 
 def test_sequence_longer_than_block_size_is_rejected():
     with pytest.raises(ValueError, match="block_size"):
-        tiny_model()(torch.zeros(1, 17, dtype=torch.long))
+        tiny_gpt()(torch.zeros(1, 17, dtype=torch.long))
 
 
 def test_token_embedding_is_tied_to_lm_head():
-    model = tiny_model()
+    model = tiny_gpt()
     assert model.transformer.wte.weight is model.lm_head.weight
     names = [n for n, _ in model.named_parameters()]
     assert "transformer.wte.weight" in names and "lm_head.weight" not in names  # listed once
@@ -65,7 +58,7 @@ def test_token_embedding_is_tied_to_lm_head():
 
 
 def test_gpt2_parameter_names():
-    keys = set(tiny_model().state_dict())
+    keys = set(tiny_gpt().state_dict())
     for name in ["transformer.wte.weight", "transformer.wpe.weight", "transformer.h.1.ln_1.weight",
                  "transformer.h.1.attn.c_attn.weight", "transformer.h.1.attn.c_proj.bias",
                  "transformer.h.0.ln_2.bias", "transformer.h.0.mlp.c_fc.weight", "transformer.h.0.mlp.c_proj.weight",
@@ -84,7 +77,7 @@ def test_gpt2_init_scales_residual_projections():
 
 
 def test_attention_is_causal():
-    model = tiny_model().eval()
+    model = tiny_gpt().eval()
     idx = torch.randint(0, 64, (2, 12))
     changed = idx.clone()
     t = 7
@@ -105,7 +98,7 @@ def test_gpt2_124m_parameter_count():
 
 
 def test_optim_groups_cover_each_parameter_once_and_decay_only_matrices():
-    model = tiny_model()
+    model = tiny_gpt()
     groups = model.optim_groups(weight_decay=0.1)
     assert [g["weight_decay"] for g in groups] == [0.1, 0.0]
     ids = [id(p) for g in groups for p in g["params"]]
@@ -120,7 +113,7 @@ def test_optim_groups_cover_each_parameter_once_and_decay_only_matrices():
 
 
 def test_tiny_model_overfits_one_batch():
-    model = tiny_model(seed=1)
+    model = tiny_gpt(seed=1)
     torch.manual_seed(1)
     x = torch.randint(0, 64, (4, 16))
     y = torch.roll(x, -1, dims=1)
@@ -137,7 +130,7 @@ def test_tiny_model_overfits_one_batch():
 
 
 def test_generate_length_and_greedy_determinism():
-    model = tiny_model().eval()
+    model = tiny_gpt().eval()
     idx = torch.randint(0, 64, (2, 5))
     out = model.generate(idx, max_new_tokens=20, top_k=1)  # 25 > block_size 16: the context is cropped
     assert out.shape == (2, 25)
@@ -151,7 +144,7 @@ def test_generate_length_and_greedy_determinism():
 
 
 def test_generate_sampling_follows_the_seed():
-    model = tiny_model().eval()
+    model = tiny_gpt().eval()
     idx = torch.zeros(1, 1, dtype=torch.long)
     torch.manual_seed(5)
     a = model.generate(idx, 30)
@@ -171,18 +164,18 @@ def test_generate_sampling_follows_the_seed():
 ])
 def test_bad_config_raises_value_error(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        GPTConfig(**{**TINY, **kwargs})
+        GPTConfig(**{**TINY_GPT, **kwargs})
 
 
 def test_crop_block_size():
-    model = tiny_model()
+    model = tiny_gpt()
     model.crop_block_size(8)
     assert model.config.block_size == 8 and model.transformer.wpe.weight.shape == (8, 32)
     assert model(torch.zeros(1, 8, dtype=torch.long))[0].shape == (1, 1, 64)
 
 
 def test_export_round_trip(tmp_path):
-    model = tiny_model(bias=False).eval()
+    model = tiny_gpt(bias=False).eval()
     path = tmp_path / "model.pt"
     save_export(model, path)
     assert [p.name for p in tmp_path.iterdir()] == ["model.pt"]  # no temporary file left behind
@@ -202,7 +195,7 @@ def test_export_of_a_compiled_or_ddp_like_wrapper_uses_plain_names(tmp_path):
             super().__init__()
             self.module = module
 
-    model = tiny_model()
+    model = tiny_gpt()
     save_export(Wrapper(model), tmp_path / "model.pt")
     assert set(torch.load(tmp_path / "model.pt", weights_only=True)["model"]) == set(model.state_dict())
 
@@ -238,6 +231,6 @@ def test_load_export_errors_name_the_file(tmp_path):
     with pytest.raises(UserError, match="other.pt"):
         load_model_file(other)
     bad_args = tmp_path / "bad_args.pt"
-    torch.save({"format": EXPORT_FORMAT, "model_args": {**TINY, "n_layers": 3}, "model": {}}, bad_args)
+    torch.save({"format": EXPORT_FORMAT, "model_args": {**TINY_GPT, "n_layers": 3}, "model": {}}, bad_args)
     with pytest.raises(UserError, match="n_layers"):
         load_model_file(bad_args)

@@ -9,18 +9,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers import TINY_GPT, tiny_gpt
 from model import GPT, CausalSelfAttention, GPTConfig, RMSNorm, apply_rope, rope_tables, swiglu_hidden
 from pilegpt.checkpoint import load_model_file, save_export
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-TINY = dict(block_size=16, vocab_size=64, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
+TINY = {**TINY_GPT, "n_head": 4}  # 4 heads: room for grouped-query attention
 LLAMA = dict(pos_emb="rope", norm="rmsnorm", mlp="swiglu", bias=False)  # the Llama-like combination
 
 
 def tiny_model(seed: int = 0, **overrides) -> GPT:
-    torch.manual_seed(seed)
-    return GPT(GPTConfig(**{**TINY, **overrides}))
+    return tiny_gpt(seed, **{"n_head": 4, **overrides})
 
 
 def causal_attention(q, k, v):

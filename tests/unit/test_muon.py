@@ -9,20 +9,14 @@ import pytest
 import torch
 from torch import nn
 
-from model import GPT, GPTConfig
+from helpers import tiny_gpt
 from pilegpt.common import UserError
 from pilegpt.train import config as train_config
 from pilegpt.train.muon import NS_COEFFS, NS_STEPS, Muon, muon_groups, orthogonalize
 
-TINY = dict(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32, dropout=0.0)
 DATA = ["--data_dir=data/x"]
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def tiny_model(seed: int = 0) -> GPT:
-    torch.manual_seed(seed)
-    return GPT(GPTConfig(**TINY))
 
 
 def with_spectrum(rows: int, cols: int, singular_values: torch.Tensor, seed: int = 0):
@@ -75,7 +69,7 @@ def test_orthogonalisation_is_deterministic_and_keeps_dtype_and_shape():
 
 
 def test_every_parameter_is_in_exactly_one_group_and_muon_has_the_hidden_matrices():
-    model = tiny_model()
+    model = tiny_gpt()
     muon, decay, no_decay = muon_groups(model, 0.1, muon_lr=0.02, adamw_lr=6e-4)
     names = {id(p): n for n, p in model.named_parameters()}
     assert sorted(names[id(p)] for p in muon["params"]) == sorted(
@@ -97,7 +91,7 @@ def fake_grads(params, seed: int) -> None:
 
 
 def test_the_adamw_groups_step_exactly_as_torch_adamw():
-    ours, theirs = tiny_model(), tiny_model()
+    ours, theirs = tiny_gpt(), tiny_gpt()
     opt = Muon(muon_groups(ours, 0.1, 0.02, 1e-3), momentum=0.95, betas=(0.9, 0.95))
     reference = torch.optim.AdamW(theirs.optim_groups(0.1), lr=1e-3, betas=(0.9, 0.95))
     hidden = {id(p) for p in theirs.hidden_matrices()}
@@ -117,7 +111,7 @@ def test_the_adamw_groups_step_exactly_as_torch_adamw():
 
 
 def test_a_state_dict_round_trip_gives_identical_next_steps():
-    model = tiny_model()
+    model = tiny_gpt()
     opt = Muon(muon_groups(model, 0.1, 0.02, 1e-3), momentum=0.95)
     for step in range(3):
         fake_grads(model.parameters(), step)
@@ -147,7 +141,7 @@ def test_the_update_is_scaled_by_the_shape_and_decayed_decoupled():
 
 
 def test_a_tiny_gpt_learns_with_muon():
-    model = tiny_model()
+    model = tiny_gpt()
     opt = Muon(muon_groups(model, 0.0, 0.02, 3e-3), momentum=0.95)
     gen = torch.Generator().manual_seed(0)
     x = torch.randint(0, 64, (8, 16), generator=gen)
@@ -168,7 +162,7 @@ def test_the_schedule_scales_every_group_by_the_same_factor():
     from composer.optim import CosineAnnealingWithWarmupScheduler
     from composer.optim.scheduler import compile_composer_scheduler
 
-    model = tiny_model()
+    model = tiny_gpt()
     opt = Muon(muon_groups(model, 0.1, 0.02, 6e-4))
     state = State(model=model, rank_zero_seed=0, run_name="x", device=DeviceCPU(), max_duration="10ba",
                   optimizers=opt)

@@ -13,7 +13,7 @@ import zstandard
 
 import eval as eval_script
 import export_hf
-from helpers import FIXTURES, tiny_export
+from helpers import FIXTURES
 from pilegpt import pile_bpb
 from pilegpt.checkpoint import load_model
 from pilegpt.common import UserError
@@ -35,11 +35,6 @@ def pile_documents() -> list[dict]:
 def write_pile(path, records: list[dict]) -> None:
     data = "".join(json.dumps(r) + "\n" for r in records).encode()
     path.write_bytes(zstandard.ZstdCompressor().compress(data) if path.name.endswith(".zst") else data)
-
-
-@pytest.fixture(scope="module")
-def model_file(tmp_path_factory):
-    return tiny_export(tmp_path_factory.mktemp("pile"), seed=4, block_size=48, n_layer=2, n_head=2, n_embd=32)
 
 
 @pytest.mark.parametrize("n", [0, 1, 5, 47, 48, 49, 96, 97, 130, 300])

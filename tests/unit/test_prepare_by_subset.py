@@ -14,13 +14,10 @@ import pytest
 
 import prepare_data
 from helpers import PILE_SAMPLE, SUBSETS, main_error, pile_by_component, read_bin, saved_state, write_records
+from helpers import prepare_data_main as run
 from pilegpt.common import UserError
 from pilegpt.data import SUBSETS_NAME, Meta, read_subsets, subset_folder
 from pilegpt.prepare import components, out_folder, sources
-
-
-def run(*args):
-    return prepare_data.main([str(a) for a in args])
 
 
 @pytest.fixture(scope="module")

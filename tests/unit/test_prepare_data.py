@@ -21,16 +21,15 @@ from helpers import (
     shakespeare_docs,
     write_jsonl,
 )
+from helpers import (
+    prepare_data_main as run,
+)
 from pilegpt.common import UserError, run_main
 from pilegpt.prepare import out_folder, sources, tokenize_pool
 from pilegpt.tokenizer import gpt2
 
 ENC = gpt2()
 EOT = 50256
-
-
-def run(*args):
-    return prepare_data.main([str(a) for a in args])
 
 
 def test_txt_tokens_are_exactly_encode_ordinary_plus_eot_and_decode_back(tmp_path, monkeypatch):
@@ -320,8 +319,6 @@ def test_a_token_id_outside_the_vocabulary_is_an_error_not_a_wrap_around(tmp_pat
 
 
 # ---- any Hugging Face dataset: Parquet through `datasets`, streamed --------------------------------------
-
-
 
 
 def test_input_given_twice_reads_every_file_named():

@@ -6,19 +6,14 @@ import json
 import tracemalloc
 
 import pytest
-import torch
 
 import eval as eval_script
 import report
-from helpers import FIXTURES, main_error
-from model import GPT, GPTConfig
+from helpers import HELLASWAG_TINY, main_error
 from pilegpt import hellaswag, storage
-from pilegpt.checkpoint import save_export
 from pilegpt.common import UserError
 from pilegpt.train import report as run_report
 from pilegpt.train.config import TrainConfig
-
-TINY = FIXTURES / "hellaswag_tiny.jsonl"
 
 
 def write_run(folder, metrics: str):
@@ -64,33 +59,25 @@ def test_a_damaged_config_json_is_one_line(tmp_path, capsys):
     assert "config.json is damaged" in main_error(report.main, [str(tmp_path / "run")], capsys)
 
 
-@pytest.fixture(scope="module")
-def model_file(tmp_path_factory):
-    torch.manual_seed(3)
-    path = tmp_path_factory.mktemp("eval") / "model.pt"
-    save_export(GPT(GPTConfig(block_size=48, vocab_size=50257, n_layer=1, n_head=2, n_embd=16)).eval(), path)
-    return path
-
-
 @pytest.mark.parametrize("where", ["a_folder", "under_a_file"])
 def test_eval_checks_out_before_loading_or_scoring(tmp_path, capsys, where):
     (tmp_path / "a_folder").mkdir()
     (tmp_path / "file").write_text("x")
     out = {"a_folder": tmp_path / "a_folder", "under_a_file": tmp_path / "file" / "r.json"}[where]
-    line = main_error(eval_script.main, [tmp_path / "no-such-model.pt", "--task", "hellaswag", "--data", TINY,
+    line = main_error(eval_script.main, [tmp_path / "no-such-model.pt", "--task", "hellaswag", "--data", HELLASWAG_TINY,
                                          "--out", out], capsys)
     assert "--out" in line and "no-such-model" not in line  # refused before the model was even looked for
 
 
 def test_eval_out_into_a_missing_folder_is_made(model_file, tmp_path, capsys):
     out = tmp_path / "results" / "new" / "r.json"
-    assert eval_script.main([str(model_file), "--task", "hellaswag", "--data", str(TINY), "--limit", "4",
+    assert eval_script.main([str(model_file), "--task", "hellaswag", "--data", str(HELLASWAG_TINY), "--limit", "4",
                              "--out", str(out)]) == 0
     assert json.loads(out.read_text())["n"] == 4
 
 
 def test_a_line_with_u2028_inside_a_string_is_one_example(tmp_path):
-    lines = TINY.read_text().splitlines()[:3]
+    lines = HELLASWAG_TINY.read_text().splitlines()[:3]
     first = json.loads(lines[0])
     first["ctx"] = first["ctx"] + "\u2028 and\u2029 more\u0085"
     path = tmp_path / "h.jsonl"
@@ -100,7 +87,7 @@ def test_a_line_with_u2028_inside_a_string_is_one_example(tmp_path):
 
 
 def test_a_non_utf8_byte_is_named_by_file_and_line(tmp_path):
-    lines = TINY.read_bytes().split(b"\n")[:3]
+    lines = HELLASWAG_TINY.read_bytes().split(b"\n")[:3]
     path = tmp_path / "h.jsonl"
     path.write_bytes(b"\n".join([lines[0], lines[1][:10] + b"\xff" + lines[1][10:], lines[2]]))
     with pytest.raises(UserError, match=r"h\.jsonl:2: not UTF-8 text \(byte 11 of the line\)"):
@@ -109,7 +96,7 @@ def test_a_non_utf8_byte_is_named_by_file_and_line(tmp_path):
 
 @pytest.mark.parametrize("label", ["\u00b2", "-1", "4", "1.0", True])
 def test_a_label_that_is_not_an_ending_index_is_one_line(tmp_path, label):
-    record = json.loads(TINY.read_text().splitlines()[0])
+    record = json.loads(HELLASWAG_TINY.read_text().splitlines()[0])
     record["label"] = label
     path = tmp_path / "h.jsonl"
     path.write_text(json.dumps(record) + "\n", encoding="utf-8")

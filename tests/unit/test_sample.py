@@ -9,6 +9,7 @@ import torch
 
 import sample
 from helpers import composer_checkpoint
+from helpers import sample_output as run
 from model import GPT, GPTConfig
 from pilegpt import checkpoint
 from pilegpt.checkpoint import EXPORT_NAME, save_export
@@ -35,11 +36,6 @@ def export(gpt, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("run")
     save_export(gpt, run_dir / EXPORT_NAME)
     return run_dir / EXPORT_NAME
-
-
-def run(capsys, *argv) -> str:
-    assert sample.main(["--device", "cpu", *argv]) == 0
-    return capsys.readouterr().out
 
 
 def test_same_seed_gives_same_samples_and_another_seed_others(export, capsys):

@@ -14,22 +14,10 @@ import numpy as np
 import pytest
 
 import upload_s3
-from helpers import REPO, upload_s3_main, write_random_mds
+from helpers import MDS_BLOCK, REPO, upload_s3_main, write_random_mds
 from pilegpt import s3
 from pilegpt.common import UserError
 from pilegpt.mds import s3_upload
-
-BLOCK = 64  # tokens per sample
-
-
-@pytest.fixture(scope="module")
-def small_mds(tmp_path_factory):
-    """mds/train (about 8 shards) + mds/val (2 shards) + a side file, as tests/e2e/test_upload_s3.py's."""
-    root = tmp_path_factory.mktemp("small") / "mds"
-    write_random_mds(root / "train", 2000, BLOCK, 1 << 16, seed=1)
-    write_random_mds(root / "val", 300, BLOCK, 1 << 16, seed=2)
-    (root / "to_mds.json").write_text(json.dumps({"block_size": BLOCK, "dtype": "uint16"}))
-    return root
 
 
 @pytest.fixture(autouse=True)
@@ -40,7 +28,7 @@ def empty_working_directory(tmp_path, monkeypatch):
 
 def test_dataset_with_a_missing_shard_is_refused(small_mds, tmp_path):
     root = tmp_path / "mds"
-    shutil.copytree(small_mds, root)
+    shutil.copytree(small_mds[0], root)
     (root / "train" / "shard.00002.mds").unlink()
     with pytest.raises(UserError, match=r"train/shard.00002.mds is missing, though \S*train/index.json lists it: "
                                        r"the dataset is incomplete"):
@@ -50,7 +38,7 @@ def test_dataset_with_a_missing_shard_is_refused(small_mds, tmp_path):
 @pytest.mark.parametrize("name", ["../outside.mds", "/etc/hostname"])
 def test_an_index_naming_a_file_outside_its_folder_is_refused(small_mds, tmp_path, name):
     root = tmp_path / "mds"
-    shutil.copytree(small_mds, root)
+    shutil.copytree(small_mds[0], root)
     (tmp_path / "outside.mds").write_bytes(b"not to be uploaded")
     index = json.loads((root / "train" / "index.json").read_text())
     index["shards"][0]["raw_data"]["basename"] = name
@@ -61,7 +49,7 @@ def test_an_index_naming_a_file_outside_its_folder_is_refused(small_mds, tmp_pat
 
 
 def test_compressed_dataset_needs_its_compressed_shards(tmp_path):
-    write_random_mds(tmp_path / "z", 300, BLOCK, 1 << 15, seed=4, compression="zstd:1")
+    write_random_mds(tmp_path / "z", 300, MDS_BLOCK, 1 << 15, seed=4, compression="zstd:1")
     assert len(s3_upload.collect_files(tmp_path / "z").files) > 2  # index + .zstd shards: accepted
     next((tmp_path / "z").glob("*.zstd")).unlink()
     with pytest.raises(UserError, match=r"/shard.0000\d.mds.zstd is missing, though \S*/index.json lists it"):
@@ -70,7 +58,7 @@ def test_compressed_dataset_needs_its_compressed_shards(tmp_path):
 
 def test_stray_files_beside_datasets_are_refused(small_mds, tmp_path):
     root = tmp_path / "mds"
-    shutil.copytree(small_mds, root)
+    shutil.copytree(small_mds[0], root)
     (root / "logs").mkdir()
     (root / "logs" / "run.log").write_text("x")
     with pytest.raises(UserError, match=r"run.log is not part of an MDS dataset"):
@@ -183,7 +171,7 @@ def test_a_tree_of_component_roots_goes_up_whole(tmp_path, capsys, monkeypatch):
         monkeypatch.setenv(name, value)
     root = tmp_path / "mds"
     for k, sub in enumerate(("pile-cc/train", "pile-cc/val", "ubuntu_irc/train")):
-        write_random_mds(root / sub, 300, BLOCK, 1 << 14, seed=k)
+        write_random_mds(root / sub, 300, MDS_BLOCK, 1 << 14, seed=k)
     local = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
     with mock_aws():
         client = boto3.client("s3", region_name="us-east-1")
