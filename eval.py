@@ -148,11 +148,16 @@ def run_pile(args, model, device, autocast, world_rank: tuple[int, int], where: 
     if not scored:
         raise UserError(f"{args.data or files[0]} holds no documents; pass the Pile's val.jsonl.zst or test.jsonl.zst")
     results = pile_bpb.summarize(scored)
+    if results["bpb"] is None:
+        raise UserError(f"{args.data or files[0]}: its {len(scored):,} documents are all empty, no bytes to score; "
+                        "pass the Pile's val.jsonl.zst or test.jsonl.zst")
     if args.out:
         write_out(args.out, {**results, "source": args.src, "data": [str(f) for f in files],
                              "per_document": [{**s._asdict(), "bits": s.bits} for s in scored]})
     for name, c in results["components"].items():
-        print(f"pile: {name:<20} bpb {c['bpb']:.4f} ({c['documents']:,} documents, {c['bytes']:,} bytes)")
+        bpb = "none  " if c["bpb"] is None else f"{c['bpb']:.4f}"
+        print(f"pile: {name:<20} bpb {bpb} ({c['documents']:,} documents, "
+              + ("all empty: no bytes to score)" if c["bpb"] is None else f"{c['bytes']:,} bytes)"))
     print(f"pile: {results['documents']:,} documents, bpb {results['bpb']:.4f} (all bits over all bytes), "
           f"{results['tokens'] / max(seconds, 1e-9):,.0f} tokens/s {where}"
           + (f"; results in {args.out}" if args.out else ""), flush=True)
