@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from typing import Optional
@@ -87,7 +88,8 @@ def main(argv=None) -> int:
         elif rank == 0 and not args.data:
             pile_bpb.download(args.split, args.url)
         dist.barrier()
-    model, origin = load_pretrained(args.src, endpoint_url=args.endpoint_url, what="SRC", model_class=args.model_class)
+    model, origin = together(lambda: load_pretrained(args.src, endpoint_url=args.endpoint_url, what="SRC",
+                                                     model_class=args.model_class), world)
     model = model.to(device).eval()
     autocast = torch.bfloat16 if device.type == "cuda" else None
     run = run_hellaswag if args.task == "hellaswag" else run_pile
@@ -103,6 +105,24 @@ def gather(items: list, world: int) -> list:
     return [item for part in dist.all_gather_object(items) for item in part]
 
 
+def together(check, world: int):
+    """check()'s result, or its UserError, on every process: with several processes each runs check() and they agree
+    (an all-gather) before any exits, so that an input error one rank finds (a bad line only it reads) ends every
+    rank with exit status 2. Composer's launcher reports the lowest rank's status, and a rank that had not failed
+    would be ended by the SIGTERM the launcher sends once another exits: 143, the status of a preemption."""
+    if world == 1:
+        return check()
+    try:
+        result, error = check(), None
+    except UserError as e:
+        result, error = None, str(e)
+    errors = [e for e in gather([error], world) if e is not None]
+    if errors:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the launcher's SIGTERM once a rank exits: each exits 2 itself
+        raise UserError(errors[0])
+    return result
+
+
 def progress_bar(total: Optional[int], unit: str, desc: str, rank: int):
     from tqdm import tqdm
 
@@ -113,7 +133,7 @@ def progress_bar(total: Optional[int], unit: str, desc: str, rank: int):
 def run_hellaswag(args, model, device, autocast, world_rank: tuple[int, int], where: str) -> int:
     """Score HellaSwag (this process: every world-th example), print acc and acc_norm, write --out on rank 0."""
     world, rank = world_rank
-    examples = hellaswag.load_examples(args.data, args.url, args.limit)
+    examples = together(lambda: hellaswag.load_examples(args.data, args.url, args.limit), world)
     mine = examples[rank::world]  # every world-th example: the processes split them evenly
     t0 = time.time()
     with progress_bar(len(mine), "ex", args.task, rank) as bar:
@@ -136,8 +156,12 @@ def run_hellaswag(args, model, device, autocast, world_rank: tuple[int, int], wh
 def run_pile(args, model, device, autocast, world_rank: tuple[int, int], where: str) -> int:
     """Pile BPB (this process: every world-th document), per component and overall; --out written on rank 0."""
     world, rank = world_rank
-    files = pile_bpb.data_files(args.data) if args.data else [pile_bpb.download(args.split, args.url)]
-    docs = pile_bpb.read_documents(files, args.limit, keep=lambda ind: ind % world == rank)
+    files = together(lambda: pile_bpb.data_files(args.data) if args.data else [pile_bpb.download(args.split, args.url)],
+                     world)
+    mine = lambda ind: ind % world == rank  # noqa: E731
+    if world > 1:  # every line read once before scoring, so that a bad one ends every rank alike (together)
+        together(lambda: sum(1 for _ in pile_bpb.read_documents(files, args.limit, keep=mine)), world)
+    docs = pile_bpb.read_documents(files, args.limit, keep=mine)
     t0 = time.time()
     with progress_bar(None, "doc", args.task, rank) as bar:
         scored = pile_bpb.evaluate(model, docs, gpt2(), device, args.batch_size or 16, autocast, bar)
@@ -148,11 +172,16 @@ def run_pile(args, model, device, autocast, world_rank: tuple[int, int], where: 
     if not scored:
         raise UserError(f"{args.data or files[0]} holds no documents; pass the Pile's val.jsonl.zst or test.jsonl.zst")
     results = pile_bpb.summarize(scored)
+    if results["bpb"] is None:
+        raise UserError(f"{args.data or files[0]}: its {len(scored):,} documents are all empty, no bytes to score; "
+                        "pass the Pile's val.jsonl.zst or test.jsonl.zst")
     if args.out:
         write_out(args.out, {**results, "source": args.src, "data": [str(f) for f in files],
                              "per_document": [{**s._asdict(), "bits": s.bits} for s in scored]})
     for name, c in results["components"].items():
-        print(f"pile: {name:<20} bpb {c['bpb']:.4f} ({c['documents']:,} documents, {c['bytes']:,} bytes)")
+        bpb = "none  " if c["bpb"] is None else f"{c['bpb']:.4f}"
+        print(f"pile: {name:<20} bpb {bpb} ({c['documents']:,} documents, "
+              + ("all empty: no bytes to score)" if c["bpb"] is None else f"{c['bytes']:,} bytes)"))
     print(f"pile: {results['documents']:,} documents, bpb {results['bpb']:.4f} (all bits over all bytes), "
           f"{results['tokens'] / max(seconds, 1e-9):,.0f} tokens/s {where}"
           + (f"; results in {args.out}" if args.out else ""), flush=True)

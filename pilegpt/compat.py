@@ -9,6 +9,8 @@ import contextlib
 import fcntl
 import os
 import re
+import socket
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -146,6 +148,9 @@ def activate_ema_weights(algorithm: Any, state: Any) -> None:
 SHARED_MEMORY = Path("/dev/shm")
 START_LOCK = "pilegpt-streaming-start.lock"  # in SHARED_MEMORY: one per machine (per /dev/shm), never removed
 START_LOCK_WAIT = 60.0  # seconds a local leader waits for the lock before it starts without it
+START_LOCK_NOTE_S = 5.0  # a leader still waiting after this long says for whom (as cluster.join's nodes do)
+SHM_CLEANUP = "PILEGPT_SHM_CLEANUP"  # "0": never remove stale shared memory; "1": also where it may not be stale
+PROC_PID_INIT_INO, PROC_IPC_INIT_INO = 0xEFFFFFFC, 0xEFFFFFFF  # the kernel's initial PID and IPC namespaces
 
 
 @contextlib.contextmanager
@@ -169,19 +174,50 @@ def streaming_start_lock() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _machine_lock(path: Path, wait: float) -> Iterator[None]:
-    """An exclusive flock on `path`, waited for at most `wait` s; without it where the file cannot be opened."""
+    """An exclusive flock on `path`, waited for at most `wait` s; without it where the file cannot be opened. The
+    holder writes its PID, host and start into the file, so that a leader still waiting after START_LOCK_NOTE_S
+    says whom it waits for (a holder stopped by SIGSTOP or Ctrl-Z holds it until it goes on or ends)."""
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     except OSError:  # no /dev/shm, or not ours to open: start as Streaming alone would
         yield
         return
     try:
-        deadline = time.monotonic() + wait
-        while not _try_lock(fd) and time.monotonic() < deadline:
+        start = time.monotonic()
+        noted, locked = False, _try_lock(fd)
+        while not locked and time.monotonic() - start < wait:
+            if not noted and time.monotonic() - start >= START_LOCK_NOTE_S:
+                print(f"waiting for {path} (up to {wait:.0f} s), the lock of Streaming's start-up on this machine: "
+                      f"{_lock_holder(fd)}", file=sys.stderr, flush=True)
+                noted = True
             time.sleep(0.05)
+            locked = _try_lock(fd)
+        if locked:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()} {socket.gethostname()} {time.strftime('%Y-%m-%d %H:%M:%S')}".encode(), 0)
+        else:
+            print(f"gave up waiting for {path} after {wait:.0f} s ({_lock_holder(fd)}); starting without it",
+                  file=sys.stderr, flush=True)
         yield
     finally:
         os.close(fd)  # releases the lock
+
+
+def _lock_holder(fd: int) -> str:
+    """Who holds the lock, as its holder wrote it ("PID N on HOST since TIME"), and whether that process is stopped."""
+    try:
+        pid, host, since = os.pread(fd, 200, 0).decode().split(" ", 2)
+        int(pid)
+    except (OSError, ValueError):
+        return "held by a process that did not say who it is"
+    state = ""
+    if host == socket.gethostname():
+        with contextlib.suppress(OSError, IndexError):
+            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    stopped = (f"; that process is stopped (SIGSTOP or Ctrl-Z): `kill -CONT {pid}` lets it go on, or end it"
+               if state in ("T", "t") else "")
+    return f"held by PID {pid} on {host} since {since}{stopped}"
 
 
 def _try_lock(fd: int) -> bool:
@@ -203,13 +239,51 @@ def clean_stale_shared_memory() -> None:
     from streaming.base.constant import SHM_TO_CLEAN
 
     folder = SHARED_MEMORY
-    if not Path("/proc/self/fd").is_dir() or not folder.is_dir():
+    if not Path("/proc/self/fd").is_dir() or not folder.is_dir() or not shm_cleanup_wanted():
         return
     pattern = re.compile(r"\d{6}_(?:%s)" % "|".join(map(re.escape, SHM_TO_CLEAN)))
     blocks = {p.name for p in folder.iterdir() if pattern.fullmatch(p.name)}
-    for name in blocks - (shared_memory_in_use(folder) if blocks else set()):
+    unheld = blocks - (shared_memory_in_use(folder) if blocks else set())
+    hidden = unheld and os.environ.get(SHM_CLEANUP) != "1" and holders_may_be_hidden()
+    if hidden:
+        if not _NOTED:
+            print(f"note: {len(unheld)} Streaming shared memory block(s) in {folder} that no process in sight holds "
+                  f"are left alone: {hidden}, so their holders may be out of sight; {SHM_CLEANUP}=1 removes them "
+                  "where no other run uses them", file=sys.stderr, flush=True)
+            _NOTED.append(True)
+        return
+    for name in unheld:
         with contextlib.suppress(FileNotFoundError, PermissionError):  # gone already; another user's (sticky /dev/shm)
             (folder / name).unlink()
+
+
+_NOTED: list = []  # the note of clean_stale_shared_memory, once a process
+
+
+def shm_cleanup_wanted() -> bool:
+    """PILEGPT_SHM_CLEANUP: unset (or "1") cleans, "0" never removes a block; another value is a UserError."""
+    from pilegpt.common import UserError
+
+    value = os.environ.get(SHM_CLEANUP, "").strip()
+    if value not in ("", "0", "1"):
+        raise UserError(f"{SHM_CLEANUP}={value!r}: set 0 (never remove Streaming's shared memory in /dev/shm), 1 "
+                        "(remove the blocks no process in sight holds, even from a PID namespace of its own) or "
+                        "unset it (the same, except where their holders may be out of sight)")
+    return value != "0"
+
+
+def holders_may_be_hidden() -> str:
+    """Why processes sharing /dev/shm may be out of this one's sight in /proc, or "": it runs in a PID namespace of its
+    own (a container) but in the host's IPC namespace (docker --ipc=host, Kubernetes hostIPC), whose /dev/shm the
+    host's processes and other containers use. A container with an IPC namespace (and /dev/shm) of its own sees
+    every process using it. Unknown (no /proc/self/ns): "", as before namespaces were looked at."""
+    try:
+        pid_ns, ipc_ns = (os.stat(f"/proc/self/ns/{n}").st_ino for n in ("pid", "ipc"))
+    except OSError:
+        return ""
+    if pid_ns != PROC_PID_INIT_INO and ipc_ns == PROC_IPC_INIT_INO:
+        return "this process runs in a PID namespace of its own but shares the host's IPC namespace (--ipc=host)"
+    return ""
 
 
 def shared_memory_in_use(folder: Path) -> set[str]:

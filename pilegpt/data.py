@@ -6,6 +6,7 @@ names an index may list). numpy only. Details: docs/prepare.md and docs/mds-and-
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -131,17 +132,40 @@ def write_token_files(folder: str | os.PathLike, splits: dict[str, np.ndarray], 
 # A dataset by component: OUT/<subset_folder(name)>/ is a prepared folder per subset, OUT/subsets.json the index
 
 _NOT_SAFE = re.compile(r"[^a-z0-9.-]+")
+# The names the stages write in a dataset's root (or look for there): a component never takes one as its folder
+RESERVED_FOLDERS = frozenset({SUBSETS_NAME, META_NAME, INDEX_NAME, TO_MDS_META, *(f"{s}.bin" for s in SPLITS),
+                              *(f"{s}.bin.partial" for s in SPLITS)})
+MAX_FOLDER = 200  # characters of a component's folder name: filesystems allow 255 bytes, leave room for suffixes
 
 
 def subset_folder(name: str) -> str:
     """The folder of a component: its name lower-cased, every run of other characters than a-z, 0-9, "." and "-"
     one "_", none at either end ("Pile-CC" -> "pile-cc", "Gutenberg (PG-19)" -> "gutenberg_pg-19"). The one
-    definition: prepare_data writes these folders, train.py's mix and eval.py name components by them."""
+    definition: prepare_data writes these folders, train.py's mix and eval.py name components by them.
+
+    Two names that could not be folders get one that no other rule gives (subset_folder_note says why): a name the
+    stages write themselves (RESERVED_FOLDERS: "subsets.json" -> "subsets.json_", the only folders ending in "_"),
+    and one over MAX_FOLDER characters (its first ones, "-" and 8 hex digits of the name's sha256)."""
     folder = _NOT_SAFE.sub("_", name.lower()).strip("_.")
     if not folder:
         raise UserError(f"subset {name!r} has no letter or digit to name its folder by; rename it in the input or "
                         "leave it out with --exclude-subset")
+    if folder in RESERVED_FOLDERS:
+        return folder + "_"
+    if len(folder) > MAX_FOLDER:
+        digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+        return folder[:MAX_FOLDER - 9].rstrip("_.") + "-" + digest
     return folder
+
+
+def subset_folder_note(name: str) -> Optional[str]:
+    """Why subset_folder(name) is not the name as it is, when one of its two exceptions applies; else None."""
+    folder, plain = subset_folder(name), _NOT_SAFE.sub("_", name.lower()).strip("_.")
+    if folder == plain:
+        return None
+    why = (f"{plain} is a name prepare_data and to_mds write in a dataset's folder" if plain in RESERVED_FOLDERS
+           else f"its name has {len(plain)} characters, a folder at most {MAX_FOLDER}")
+    return f"note: subset {name[:60]!r}{'...' if len(name) > 60 else ''} goes to the folder {folder} ({why})"
 
 
 def read_subsets(root: str | os.PathLike) -> Optional[list[dict]]:

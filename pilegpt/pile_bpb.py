@@ -52,6 +52,13 @@ def parse(line: bytes, where: str, ind: int) -> Document:
     name = meta.get("pile_set_name") if isinstance(meta, dict) else None
     if not isinstance(name, str) or not name:
         raise UserError(f"{where}: no component name meta.pile_set_name; Pile BPB is reported per component")
+    for field, value in (("text", record["text"]), ("meta.pile_set_name", name)):
+        try:
+            value.encode("utf-8")  # a JSON "\ud800" escape (a lone surrogate) is no character: it has no bytes
+        except UnicodeEncodeError as e:
+            raise UserError(f"{where}: the {field} holds a lone surrogate ({value[e.start]!r} at character "
+                            f"{e.start + 1}), which is not Unicode text and has no UTF-8 bytes to score; fix or "
+                            "remove that line") from None
     return Document(ind, name, record["text"])
 
 
@@ -232,8 +239,14 @@ def evaluate(model, docs, enc, device: torch.device, batch_size: int = 16, autoc
     return scored
 
 
+def bits_per_byte(bits: float, n_bytes: int) -> Optional[float]:
+    """bits / bytes; None (no figure, not a perfect 0.0) where there are no bytes: documents all empty."""
+    return bits / n_bytes if n_bytes else None
+
+
 def summarize(scored: list[Scored]) -> dict:
-    """The results: bpb per component and overall (all documents' bits over all their bytes), and their counts."""
+    """The results: bpb per component and overall (all documents' bits over all their bytes), and their counts; a
+    bpb of None where every document is empty."""
     components: dict[str, dict] = {}
     for s in sorted(scored, key=lambda s: s.ind):
         c = components.setdefault(s.component, {"bits": 0.0, "documents": 0, "bytes": 0, "tokens": 0})
@@ -241,10 +254,10 @@ def summarize(scored: list[Scored]) -> dict:
         c["documents"] += 1
         c["bytes"] += s.bytes
         c["tokens"] += s.tokens
-    out = {name: {"bpb": c["bits"] / max(c["bytes"], 1), "documents": c["documents"], "bytes": c["bytes"],
+    out = {name: {"bpb": bits_per_byte(c["bits"], c["bytes"]), "documents": c["documents"], "bytes": c["bytes"],
                   "tokens": c["tokens"]} for name, c in sorted(components.items())}
     total_bytes = sum(c["bytes"] for c in components.values())
-    return {"task": "pile", "bpb": sum(c["bits"] for c in components.values()) / max(total_bytes, 1),
+    return {"task": "pile", "bpb": bits_per_byte(sum(c["bits"] for c in components.values()), total_bytes),
             "overall": "all documents' bits over all their bytes (not a mean of the components)",
             "documents": len(scored), "bytes": total_bytes, "tokens": sum(c["tokens"] for c in components.values()),
             "components": out}

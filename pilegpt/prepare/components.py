@@ -6,16 +6,20 @@ Details: docs/prepare.md#the-pile-by-component."""
 from __future__ import annotations
 
 import copy
+import errno
 import json
 import os
+import shlex
+import sys
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 
 from pilegpt.common import UserError, atomic_write_text
-from pilegpt.data import SUBSETS_NAME, SUBSETS_VERSION, read_subsets, subset_folder
+from pilegpt.data import SUBSETS_NAME, SUBSETS_VERSION, read_subsets, subset_folder, subset_folder_note
 from pilegpt.prepare import out_folder
 from pilegpt.prepare.out_folder import PARTIAL, STATE_NAME, Writer, output_errors
 
@@ -65,7 +69,10 @@ class SubsetWriter(Writer):
         tokens beyond the last commit are cut off)."""
         fd = self.fds.get((name, split))
         if fd is None:
-            with output_errors(self.out_dir, f"creating the folder of {name!r}"):
+            note = subset_folder_note(name)
+            if note and not any(n == name for n, _ in self.fds):
+                print(f"\n{note}", file=sys.stderr)
+            with output_errors(self.out_dir, f"creating the folder of {name!r}"), name_errors(self.out_dir, name):
                 fd = self.open(name, split, 0)
                 os.ftruncate(fd, 0)
         return fd
@@ -110,6 +117,20 @@ class SubsetWriter(Writer):
         return self.done
 
 
+@contextmanager
+def name_errors(out_dir: Path, name: str):
+    """A component's folder name too long for --out-dir's filesystem (or the path for the system): one line naming
+    the subset and the fixes."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno != errno.ENAMETOOLONG:
+            raise
+        raise UserError(f"subset {name!r}: its folder {out_dir / subset_folder(name)} is a name too long for this "
+                        f"filesystem; leave the subset out with --exclude-subset {shlex.quote(name)}, or choose a "
+                        "shorter --out-dir") from None
+
+
 def make_index(subsets: dict, subset_field: str, run: dict) -> dict:
     """subsets.json: each component's name, folder and counts (sorted by folder), and the run's own meta record."""
     entries = [{"name": name, "folder": subset_folder(name), **copy.deepcopy(counts)}
@@ -122,8 +143,8 @@ def publish(out_dir: Path, state: dict) -> None:
     """Each component's .partial files become its train.bin / val.bin and its meta.json is written, the folders of
     an old finished run's components that this run has not are removed (--overwrite), then subsets.json (the mark
     of a finished run) is written. Each step can be repeated, so a run killed halfway through completes."""
-    index = json.loads(state["publish"])
     with output_errors(out_dir, "publishing the finished components"):
+        index = current_folders(out_dir, state)
         old = read_subsets(out_dir) if (out_dir / SUBSETS_NAME).is_file() else None
         (out_dir / SUBSETS_NAME).unlink(missing_ok=True)  # an old finished run (with --overwrite) is no longer one
         for entry in index["subsets"]:
@@ -134,6 +155,23 @@ def publish(out_dir: Path, state: dict) -> None:
                 remove_component(out_dir / entry["folder"])
         atomic_write_text(out_dir / SUBSETS_NAME, state["publish"])
         (out_dir / STATE_NAME).unlink()
+
+
+def current_folders(out_dir: Path, state: dict) -> dict:
+    """The index to publish, each component in subset_folder's folder: a run of an older prepare_data, killed or
+    failed while publishing, may have recorded one in a folder of a name the run writes itself (OUT/subsets.json/),
+    which is renamed now. Repeatable."""
+    index = json.loads(state["publish"])
+    for entry in index["subsets"]:
+        folder = subset_folder(entry["name"])
+        if entry["folder"] != folder:
+            if (out_dir / entry["folder"]).is_dir() and not (out_dir / folder).exists():
+                os.rename(out_dir / entry["folder"], out_dir / folder)
+            state["metas"][folder] = state["metas"].pop(entry["folder"])
+            entry["folder"] = folder
+    index["subsets"].sort(key=lambda e: e["folder"])
+    state["publish"] = json.dumps(index, indent=2) + "\n"
+    return index
 
 
 def remove_component(folder: Path) -> None:

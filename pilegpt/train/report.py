@@ -145,8 +145,8 @@ def is_hellaswag_result(r) -> bool:
 def is_pile_result(r) -> bool:
     components = r.get("components") if isinstance(r, dict) else None
     return (isinstance(r, dict) and r.get("task") == "pile" and isinstance(r.get("bpb"), (int, float))
-            and isinstance(components, dict) and all(isinstance(c, dict) and isinstance(c.get("bpb"), (int, float))
-                                                     for c in components.values()))
+            and isinstance(components, dict) and all(isinstance(c, dict) and (c.get("bpb") is None or isinstance(
+                c.get("bpb"), (int, float))) for c in components.values()))
 
 
 def read_run(src: str) -> tuple[dict, Metrics, dict[str, dict], dict[str, str]]:
@@ -267,7 +267,8 @@ def pile_lines(results: dict[str, dict]) -> list[str]:
     for name, r in sorted((n, r) for n, r in results.items() if is_pile_result(r)):
         lines.append(f"| this run, eval.py on {r.get('source')}: all components (all bits over all bytes) | "
                      f"{r.get('documents', 0):,} | {r['bpb']:.4f} | `{name}` |")
-        lines += [f"| this run: {component} | {c.get('documents', 0):,} | {c['bpb']:.4f} | `{name}` |"
+        lines += [f"| this run: {component} | {c.get('documents', 0):,} | "
+                  + ("none (all empty)" if c["bpb"] is None else f"{c['bpb']:.4f}") + f" | `{name}` |"
                   for component, c in r["components"].items()]
     lines += [f"| {model}, the Pile's test set | | {bpb:.4f} | {source} |" for model, bpb, source in pile_bpb.ANCHORS]
     return lines + ["", "The published figures are the whole test set's; per-component figures of these models are "

@@ -44,6 +44,23 @@ def test_two_processes_count_what_one_counts(model_file, tmp_path, capsys):
     assert outs[1]["predictions"] == outs[2]["predictions"]
 
 
+@pytest.mark.parametrize("launcher", ["composer.cli.launcher", "pilegpt.launch"])
+def test_a_bad_line_only_rank_1_reads_exits_2_under_either_launcher(model_file, tmp_path, launcher):
+    """Pile document 3 is rank 1's (of 2) alone: every rank reads every line before scoring and they agree, so each
+    exits 2 with the line's error; not the 143 (a preemption's status) of rank 0 ended by the launcher's SIGTERM."""
+    lines = [json.dumps({"text": f"document {i}", "meta": {"pile_set_name": "A"}}) for i in range(6)]
+    lines[3] = "{not json"
+    (tmp_path / "bad.jsonl").write_text("\n".join(lines) + "\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    code, out = run_command([sys.executable, "-m", launcher, "-n", "2", REPO / "eval.py", model_file, "--task", "pile",
+                             "--data", tmp_path / "bad.jsonl"], tmp_path, env)
+    assert code == 2, out[-3000:]
+    errors = {line for line in out.splitlines() if line.startswith("error: ")}
+    assert errors == {f"error: {tmp_path / 'bad.jsonl'}:4: not a JSON object (Expecting property name enclosed in "
+                      "double quotes: line 1 column 2 (char 1)); each line of a Pile file is one document"}, out[-3000:]
+    assert "Traceback" not in out
+
+
 def test_offline_without_data_is_one_line_naming_the_fix(model_file, tmp_path):
     result = run_command([sys.executable, REPO / "eval.py", model_file, "--task", "hellaswag", "--url",
                           f"http://127.0.0.1:{free_port()}/hellaswag_val.jsonl"],

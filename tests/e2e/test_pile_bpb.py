@@ -7,7 +7,7 @@ import json
 import pytest
 
 import eval as eval_script
-from helpers import offline_hf_export
+from helpers import failed_with_one_line, fake_run_folder, offline_hf_export, run_command, script, succeeded
 from tests.unit.test_pile_bpb import pile_documents, write_pile
 
 # lm-eval's pile_* task (lm_eval/tasks/pile/pile_arxiv.yaml, 0.4.13) on a local file instead of EleutherAI/pile.
@@ -52,3 +52,33 @@ def test_lm_evaluation_harness_bits_per_byte_equal_eval_py_per_component(tmp_pat
     for task, name in tasks.items():
         theirs = results["results"][task]["bits_per_byte,none"]
         assert ours["components"][name]["bpb"] == pytest.approx(theirs, rel=1e-4), (name, theirs)
+
+
+def test_a_component_of_only_empty_documents_has_no_bpb_and_a_lone_surrogate_is_file_and_line(tmp_path):
+    """Through the command line: a component whose every document is empty is reported with its count and no bpb
+    (not a perfect 0.0), and in report.py's table; a file of only empty documents is one line; a JSON "\\ud800"
+    escape in a text is one line naming file:line."""
+    import report
+
+    fake_run_folder(tmp_path / "run")
+    model = tmp_path / "run" / "model.pt"
+    records = [r for r in pile_documents() if r["text"]] + [{"text": "", "meta": {"pile_set_name": "Empty"}}] * 2
+    write_pile(tmp_path / "val.jsonl", records)
+    out = succeeded(run_command(script("eval.py", model, "--task", "pile", "--data", tmp_path / "val.jsonl",
+                                       "--out", tmp_path / "run" / "pile.json")))
+    assert "pile: Empty                bpb none   (2 documents, all empty: no bytes to score)" in out
+    result = json.loads((tmp_path / "run" / "pile.json").read_text())
+    assert result["components"]["Empty"] == {"bpb": None, "documents": 2, "bytes": 0, "tokens": 0}
+    assert result["bpb"] > 0 and result["documents"] == len(records)
+    report.main([str(tmp_path / "run")])
+    assert "| this run: Empty | 2 | none (all empty) | `pile.json` |" in (tmp_path / "run" / "report.md").read_text()
+    write_pile(tmp_path / "empty.jsonl", records[-2:])
+    line = failed_with_one_line(run_command(script("eval.py", model, "--task", "pile", "--data",
+                                                   tmp_path / "empty.jsonl")))
+    assert f"{tmp_path / 'empty.jsonl'}: its 2 documents are all empty, no bytes to score" in line
+    (tmp_path / "bad.jsonl").write_text(json.dumps(records[0]) + "\n" + '{"text": "a \\ud800 b", "meta": '
+                                        '{"pile_set_name": "ArXiv"}}\n')
+    line = failed_with_one_line(run_command(script("eval.py", model, "--task", "pile", "--data",
+                                                   tmp_path / "bad.jsonl")))
+    assert line == (f"error: {tmp_path / 'bad.jsonl'}:2: the text holds a lone surrogate ('\\ud800' at character 3), "
+                    "which is not Unicode text and has no UTF-8 bytes to score; fix or remove that line")

@@ -97,6 +97,54 @@ def test_local_leaders_make_their_streaming_datasets_one_at_a_time(monkeypatch):
     assert order[-1] == "gave up waiting"
 
 
+@pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="needs /dev/shm")
+def test_a_leader_waiting_for_the_start_lock_names_its_holder(monkeypatch, capsys):
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.setattr(compat, "START_LOCK_NOTE_S", 0.05)
+    monkeypatch.setattr(compat, "START_LOCK_WAIT", 0.5)
+    def leader():
+        with compat.streaming_start_lock():
+            pass
+
+    with compat.streaming_start_lock():
+        other = threading.Thread(target=leader)
+        other.start()
+        other.join(10)
+    err = capsys.readouterr().err
+    holder = f"held by PID {os.getpid()} on {__import__('socket').gethostname()} since "
+    assert f"waiting for /dev/shm/{compat.START_LOCK} (up to 0 s), the lock of Streaming's start-up on this " \
+           f"machine: {holder}" in err
+    assert f"gave up waiting for /dev/shm/{compat.START_LOCK} after 0 s ({holder}" in err
+    assert "stopped" not in err  # this process runs
+
+
+def test_the_clean_up_setting_and_the_namespaces_that_hide_holders(monkeypatch):
+    from pilegpt.common import UserError
+
+    for value, wanted in (("", True), ("1", True), ("0", False), (" 0 ", False)):
+        monkeypatch.setenv(compat.SHM_CLEANUP, value)
+        assert compat.shm_cleanup_wanted() is wanted
+    for value in ("yes", "false", "2", "-1", "nan", "00"):
+        monkeypatch.setenv(compat.SHM_CLEANUP, value)
+        with pytest.raises(UserError, match=rf"^{compat.SHM_CLEANUP}='{value}': set 0 "):
+            compat.shm_cleanup_wanted()
+    inodes = {"pid": compat.PROC_PID_INIT_INO, "ipc": compat.PROC_IPC_INIT_INO}
+    real_stat = os.stat
+
+    def stat(path, *a, **k):
+        kind = str(path).rpartition("/")[2]
+        if str(path).startswith("/proc/self/ns/"):
+            return os.stat_result((0, inodes[kind], *(0,) * 8))
+        return real_stat(path, *a, **k)
+
+    monkeypatch.setattr(os, "stat", stat)
+    assert compat.holders_may_be_hidden() == ""  # the host itself: every process in sight
+    inodes["pid"] = 4026532175  # a container's PID namespace ...
+    assert "--ipc=host" in compat.holders_may_be_hidden()  # ... in the host's IPC namespace
+    inodes["ipc"] = 4026532176  # ... with an IPC namespace (and /dev/shm) of its own
+    assert compat.holders_may_be_hidden() == ""
+
+
 def test_mds_writer_cuts_shards_where_compat_says(tmp_path):
     """MDSWriter's sharding rule, as mds_samples_per_shard computes it, against the shards MDSWriter writes."""
     import json

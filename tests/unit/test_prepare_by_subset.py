@@ -186,3 +186,39 @@ def test_overwrite_replaces_the_components_and_removes_those_no_longer_there(by_
     assert [e["folder"] for e in read_subsets(tmp_path / "out")] == sorted(kept)
     for folder in kept:
         assert (tmp_path / "out" / folder / "train.bin").read_bytes() == (out / folder / "train.bin").read_bytes()
+
+
+def test_reserved_and_overlong_names_get_folders_no_other_name_gives():
+    assert [subset_folder(n) for n in ("subsets.json", "Meta.JSON", "train.bin", "val.bin.partial", "index.json",
+                                       "to_mds.json", "subsets.json_", "subsets")] == [
+        "subsets.json_", "meta.json_", "train.bin_", "val.bin.partial_", "index.json_", "to_mds.json_",
+        "subsets.json_", "subsets"]
+    long_a, long_b = "a" * 300, "a" * 299 + "b"
+    assert len(subset_folder(long_a)) == 200 and subset_folder(long_a) != subset_folder(long_b)
+    assert subset_folder("a" * 200) == "a" * 200  # a name that fits is its own folder, as before
+    assert subset_folder("\ud800" + "a" * 300).startswith("a" * 191 + "-")  # a lone surrogate hashes too
+    for name in ("subsets.json", long_a, "x" * 195 + "." * 10 + "y" * 10):
+        assert subset_folder(subset_folder(name)) == subset_folder(name)  # read_subsets checks folders so
+
+
+def test_an_older_run_that_published_into_a_folder_named_subsets_json_completes(tmp_path, monkeypatch):
+    """An older prepare_data put the component "subsets.json" in OUT/subsets.json/ and failed to publish (Is a
+    directory), every re-run alike: the same command now moves that folder to subsets.json_ and finishes."""
+    write_records(tmp_path / "in.jsonl", [{"text": f"doc {i}", "meta": {"pile_set_name": n}}
+                                          for i in range(4) for n in ("subsets.json", "Pile-CC")])
+    args = ("--input", tmp_path / "in.jsonl", "--by-subset", "--num-proc", 1, "--out-dir", tmp_path / "out")
+    real_publish = components.publish
+    monkeypatch.setattr(components, "publish", lambda out_dir, state: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        run(*args)
+    state = saved_state(tmp_path / "out")  # as the older run left it: its index and folder named subsets.json
+    state["publish"] = state["publish"].replace('"folder": "subsets.json_"', '"folder": "subsets.json"')
+    state["metas"]["subsets.json"] = state["metas"].pop("subsets.json_")
+    (tmp_path / "out" / out_folder.STATE_NAME).write_text(json.dumps(state))
+    os.rename(tmp_path / "out" / "subsets.json_", tmp_path / "out" / "subsets.json")
+    monkeypatch.setattr(components, "publish", real_publish)
+    run(*args)
+    assert {e["name"]: e["folder"] for e in read_subsets(tmp_path / "out")} == {
+        "subsets.json": "subsets.json_", "Pile-CC": "pile-cc"}
+    assert len(read_bin(tmp_path / "out" / "subsets.json_" / "train.bin")) == 4 * 3
+    assert Meta.read(tmp_path / "out" / "subsets.json_").info["subset"] == "subsets.json"
