@@ -32,7 +32,7 @@ from pilegpt.data import (
     read_windows,
     validation_hash,
 )
-from pilegpt.train.mix import realised_shares, sample_counts
+from pilegpt.train.mix import component_name, realised_shares, sample_counts
 
 
 class BinDataset:
@@ -230,11 +230,20 @@ def mds_roots(cfg) -> list[str]:
     return [cfg.data_remote] if isinstance(cfg.data_remote, str) else list(cfg.data_remote)
 
 
-def mds_cache_dir(data_local: str, root: str, split: str) -> str:
+def mds_cache_dir(data_local: str, root: str, split: str, role: str = "") -> str:
     """A local cache folder of its own for each remote root and split (Streaming needs distinct ones), always inside
-    data_local (a root named "." or ".." gets a slug of underscores)."""
+    data_local (a root named "." or ".." gets a slug of underscores). role: a named eval set's own folder beside the
+    split's (split.role): Streaming refuses two datasets of one process that share a cache folder, and a data_mix
+    root's eval set reads the val/ that the mix's val set reads too."""
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", storage.without_scheme(root)).strip("_")
-    return os.path.join(data_local, "_" * len(slug) if set(slug) <= {"."} else slug, split)
+    folder = "_" * len(slug) if set(slug) <= {"."} else slug
+    return os.path.join(data_local, folder, f"{split}.{role}" if role else split)
+
+
+def mds_caches(cfg, root: str, split: str) -> list[str]:
+    """Every cache folder a run reads split/ of an MDS root through: the data's own, and its data_mix eval set's."""
+    own = [mds_cache_dir(cfg.data_local, root, split)]
+    return own + ([mds_cache_dir(cfg.data_local, root, split, component_name(root))] if cfg.data_mix else [])
 
 
 def refresh_mds_cache(cfg) -> list[str]:
@@ -245,11 +254,11 @@ def refresh_mds_cache(cfg) -> list[str]:
     emptied = []
     for split, found in read_mds_indexes(cfg).items():
         for root, index in zip(mds_roots(cfg), found or []):
-            cache = mds_cache_dir(cfg.data_local, root, split)
-            cached = storage.folder(cache).get(INDEX_NAME) if index is not None else None
-            if cached is not None and cached != index and is_inside(cache, cfg.data_local):
-                shutil.rmtree(cache)
-                emptied.append(cache)
+            for cache in mds_caches(cfg, root, split):
+                cached = storage.folder(cache).get(INDEX_NAME) if index is not None else None
+                if cached is not None and cached != index and is_inside(cache, cfg.data_local):
+                    shutil.rmtree(cache)
+                    emptied.append(cache)
     return emptied
 
 
@@ -283,12 +292,12 @@ def read_mds_indexes(cfg) -> dict[str, Optional[list[Optional[bytes]]]]:
     return {split: split_indexes(cfg, split) for split in SPLITS}
 
 
-def mds_split(cfg, split: str, batch_size: int, shuffle: bool, weighted: bool = False):
+def mds_split(cfg, split: str, batch_size: int, shuffle: bool, weighted: bool = False, role: str = ""):
     """A StreamingDataset over split/ of every MDS root (several roots: several streams), or None. Every root,
     local or remote, is read through a cache under data_local (Streaming decompresses shards where it reads them,
     and a dataset folder must stay as to_mds wrote it); shard names are checked first (split_indexes), checksums
     as shards enter the cache (xxh64 when the index has it), so a corrupt shard is refused. weighted: each root's
-    data_mix weight goes to its Stream (proportion=, repeat= or choose=)."""
+    data_mix weight goes to its Stream (proportion=, repeat= or choose=); role: a named eval set's (mds_cache_dir)."""
     from streaming import Stream
 
     from pilegpt.train.mds_reader import CheckedStreamingDataset
@@ -304,7 +313,7 @@ def mds_split(cfg, split: str, batch_size: int, shuffle: bool, weighted: bool = 
         if vocab is not None and vocab > cfg.vocab_size:
             raise UserError(f"{root}/{split} was made with a vocabulary of {vocab} tokens but vocab_size is "
                             f"{cfg.vocab_size}: pass --vocab_size={vocab}")
-        streams.append(Stream(remote=storage.join(root, split), local=mds_cache_dir(cfg.data_local, root, split),
+        streams.append(Stream(remote=storage.join(root, split), local=mds_cache_dir(cfg.data_local, root, split, role),
                               validate_hash=validation_hash(index) if index is not None else None,
                               **(cfg.data_mix.get(root, {}) if weighted else {})))
     try:
@@ -506,10 +515,11 @@ def data_tokenizer(cfg) -> str:
     return (json.loads(made).get("tokenizer") if made else None) or "gpt2"
 
 
-def build_eval_loader(cfg, location: str, world_size: int, rank: int, pin_memory: bool, required: bool = True):
+def build_eval_loader(cfg, location: str, world_size: int, rank: int, pin_memory: bool, required: bool = True,
+                      label: str = "eval"):
     """The val split of another dataset (a prepare_data folder, or an MDS root, local or s3://) as a DataSpec:
     train.py's named evaluation sets (eval_data, and each data_mix root's), read as train.py reads its own val split.
-    Without one: a UserError, or None when not `required`."""
+    Without one: a UserError, or None when not `required`. An MDS set is cached in a folder of its own (`label`'s)."""
     from composer.utils import dist
     from torch.utils.data import DataLoader
 
@@ -523,7 +533,7 @@ def build_eval_loader(cfg, location: str, world_size: int, rank: int, pin_memory
         val_set = None if val_set is None else eval_subset(val_set, cfg)
         how = dict(sampler=None if val_set is None else dist.get_sampler(val_set, shuffle=False, drop_last=False))
     else:
-        val_set = mds_split(other, "val", eval_bs, shuffle=False)
+        val_set = mds_split(other, "val", eval_bs, shuffle=False, role=label)
         how = dict(collate_fn=functools.partial(collate_mds, vocab_size=cfg.vocab_size))
     if val_set is None and not required:
         return None

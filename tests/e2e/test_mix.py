@@ -126,3 +126,22 @@ def test_an_absent_component_and_a_weight_not_positive_are_one_line(tmp_path, ca
     assert line == (f"error: bad config: data_mix: {shakespeare_bin}: repeat must be a number > 0, got 0.0 (drop the "
                     "root to leave it out)")
     assert not Path(tmp_path / "r").exists() or not any((tmp_path / "r").iterdir())
+
+
+def write_two_mds_roots(folder: Path) -> dict:
+    """Two MDS roots with train/ and val/ (ma: ids < 1000, mb: ids >= 1000) and a repeat mix of them."""
+    write_mds_splits(folder / "ma", np.arange(6_401, dtype=np.uint16) % 1000)
+    write_mds_splits(folder / "mb", 1000 + np.arange(3_401, dtype=np.uint16) % 1000)
+    return {str(folder / "ma"): {"repeat": 1.0}, str(folder / "mb"): {"repeat": 2.0}}
+
+
+@pytest.mark.parametrize("nproc", [0, 2])
+def test_an_mds_mix_with_an_eval_set_per_root_trains_on_one_and_two_processes(tmp_path, nproc):
+    mix = write_two_mds_roots(tmp_path / "data")
+    args = [*SMALL, f"--data_mix={mix!r}", f"--data_local={tmp_path / 'cache'}", "--device=cpu", "--sample_length=0",
+            "--max_duration=2ba", "--eval_interval=2ba", "--eval_subset_num_batches=1", "--progress_bar=False",
+            f"--save_folder={tmp_path / 'run'}", "--run_name=mdsmix"]
+    succeeded(run_train(args, tmp_path, nproc=nproc))
+    last = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "val_loss" in r][-1]
+    assert {"val_loss", "ma_loss", "ma_bpb", "mb_loss", "mb_bpb"} <= set(last)
+    assert last["ma_loss"] != last["mb_loss"]
