@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 import os
 import re
@@ -231,13 +232,16 @@ def mds_roots(cfg) -> list[str]:
 
 
 def mds_cache_dir(data_local: str, root: str, split: str, role: str = "") -> str:
-    """A local cache folder of its own for each remote root and split (Streaming needs distinct ones), always inside
-    data_local (a root named "." or ".." gets a slug of underscores). role: a named eval set's own folder beside the
-    split's (split.role): Streaming refuses two datasets of one process that share a cache folder, and a data_mix
-    root's eval set reads the val/ that the mix's val set reads too."""
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", storage.without_scheme(root)).strip("_")
-    folder = "_" * len(slug) if set(slug) <= {"."} else slug
-    return os.path.join(data_local, folder, f"{split}.{role}" if role else split)
+    """A local cache folder of its own for each root and split (Streaming needs distinct ones), always inside
+    data_local: the root's name (its last 80 characters as letters, digits, ".", "_" and "-") and a hash of the
+    root itself (a local one resolved: its real path), so that two roots never share one (`a_b` and `a/b`) and two
+    spellings of one root do. role: a named eval set's own folder beside the split's (split.role): Streaming
+    refuses two datasets of one process that share a cache folder, and a data_mix root's eval set (or an eval_data
+    set naming the data's own root) reads the val/ that the run's val set reads too."""
+    resolved = root.rstrip("/") if storage.is_remote(root) else os.path.realpath(root)
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", storage.without_scheme(resolved)).strip("_")[-80:].lstrip(".")
+    key = hashlib.sha256(resolved.encode("utf-8", "surrogateescape")).hexdigest()[:12]
+    return os.path.join(data_local, f"{slug}-{key}" if slug else key, f"{split}.{role}" if role else split)
 
 
 def mds_caches(cfg, root: str, split: str) -> list[str]:
@@ -321,6 +325,11 @@ def mds_split(cfg, split: str, batch_size: int, shuffle: bool, weighted: bool = 
             return CheckedStreamingDataset(streams=streams, batch_size=batch_size, shuffle=shuffle,
                                            shuffle_seed=cfg.seed, num_canonical_nodes=cfg.num_canonical_nodes)
     except (FileNotFoundError, ValueError) as e:
+        if str(e).startswith("Reused local directory") and " vs " in str(e):  # a live dataset of another process
+            where = roots[0] if len(roots) == 1 else f"{len(roots)} roots"
+            raise UserError(f"MDS split {split}/ of {where}: another process on this machine reads it through the "
+                            f"same cache under data_local={cfg.data_local} (two runs on one dataset cannot share a "
+                            "cache): pass this run --data_local=ANOTHER_FOLDER") from None
         raise UserError(f"cannot open MDS split {split}/ of {roots}: {e}") from None
 
 
