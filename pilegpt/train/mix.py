@@ -1,10 +1,11 @@
 """data_mix: several datasets (components) mixed by weight, as Streaming's Stream(proportion=, repeat=, choose=)
-weights them: the weights checked, each component's samples per epoch and name, and the shares a run reports
-(loaders.MixedOrder interleaves .bin components).
+weights them: the weights checked, each component's samples per epoch and name, the shares a run reports
+(loaders.MixedOrder interleaves .bin components), and a mix found by folder name (config/pile_mix.py's).
 Details: docs/training.md#mixing-components."""
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Sequence
 
@@ -83,3 +84,53 @@ def realised_shares(data_mix: dict, counts: Sequence[int], sizes: Sequence[int])
     return {component_name(root): {"root": root, "weight": weight, "size": int(n), "samples": int(c),
                                    "share": c / total}
             for (root, weight), c, n in zip(data_mix.items(), counts, sizes)}
+
+
+def folder_key(name: str) -> str:
+    """A name's letters and digits, lower case: how a folder is matched to a component ("PileCC" -> Pile-CC)."""
+    return "".join(c for c in name.lower() if c.isalnum())
+
+
+def subfolders(base_dir: str) -> list[str]:
+    """The folders under base_dir: local subfolders (not hidden), or the prefixes under an s3:// URL."""
+    if not storage.is_remote(base_dir):
+        if not os.path.isdir(base_dir):
+            raise ValueError(f"PILE_MIX_DATA={base_dir} not found: prepare_data.py --by-subset --out-dir {base_dir}")
+        return sorted(os.path.join(base_dir, n) for n in os.listdir(base_dir)
+                      if os.path.isdir(os.path.join(base_dir, n)) and not n.startswith("."))
+    return sorted({storage.join(base_dir, n.split("/", 1)[0]) for n in storage.folder(base_dir).names() if "/" in n})
+
+
+def component_of(folder: str, names) -> str | None:
+    """The component (one of `names`) a folder holds, by its name: prepare_data's (data.subset_folder: "pile-cc",
+    "gutenberg_pg-19"), or else its letters and digits, case ignored; None if none."""
+    from pilegpt.data import subset_folder
+
+    name = folder.rstrip("/").rsplit("/", 1)[-1]
+    by_folder = {subset_folder(n): n for n in names}
+    return by_folder.get(name) or {folder_key(n): n for n in names}.get(folder_key(name))
+
+
+def repeat_mix_of_folders(base_dir: str, repeats: dict[str, float]) -> dict[str, dict]:
+    """The data_mix {folder: {"repeat": r}} of the component folders under base_dir (PILE_MIX_DATA), each matched by
+    name to one of `repeats` (component -> epochs), in repeats' order. A folder that is none of them, or two folders
+    of one component (`PileCC/` and `pile-cc/`), is a ValueError naming them; the absent components are left out,
+    with a line (rank 0) naming them."""
+    base_dir = base_dir.rstrip("/")
+    found: dict[str, str] = {}
+    for folder in subfolders(base_dir):
+        name = component_of(folder, repeats)
+        if name is None:
+            raise ValueError(f"{folder} is not a Pile component (one of {', '.join(repeats)}): move it out of "
+                             f"{base_dir}")
+        if name in found:
+            raise ValueError(f"{found[name]} and {folder} both hold the Pile component {name}: keep one, move the "
+                             f"other out of {base_dir}")
+        found[name] = folder
+    if not found:
+        raise ValueError(f"no Pile component folder under PILE_MIX_DATA={base_dir}: run prepare_data.py --by-subset")
+    absent = [name for name in repeats if name not in found]
+    if absent and os.environ.get("RANK", "0") == "0":
+        print(f"pile_mix: {len(found)} of {len(repeats)} components under {base_dir}; absent, left out (the "
+              f"others' shares renormalised over what is present): {', '.join(absent)}", flush=True)
+    return {found[name]: {"repeat": epochs} for name, epochs in repeats.items() if name in found}

@@ -145,3 +145,14 @@ def test_an_mds_mix_with_an_eval_set_per_root_trains_on_one_and_two_processes(tm
     last = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "val_loss" in r][-1]
     assert {"val_loss", "ma_loss", "ma_bpb", "mb_loss", "mb_bpb"} <= set(last)
     assert last["ma_loss"] != last["mb_loss"]
+
+
+def test_two_folders_of_one_pile_component_are_one_line_naming_both(tmp_path, monkeypatch, capsys):
+    """config/pile_mix.py over PILE_MIX_DATA holding PileCC/ and pile-cc/ (both Pile-CC): not one of them left out."""
+    for name in ("PileCC", "pile-cc", "wikipedia_en"):
+        write_bin(tmp_path / name, np.arange(2_000) % 50)
+    monkeypatch.setenv("PILE_MIX_DATA", str(tmp_path))
+    line = main_error(train.main, ["config/pile_mix.py", "--device=cpu"], capsys)
+    assert line == (f"error: config file config/pile_mix.py failed to run: ValueError: {tmp_path / 'PileCC'} and "
+                    f"{tmp_path / 'pile-cc'} both hold the Pile component Pile-CC: keep one, move the other out of "
+                    f"{tmp_path}")
