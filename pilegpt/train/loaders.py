@@ -33,7 +33,7 @@ from pilegpt.data import (
     read_windows,
     validation_hash,
 )
-from pilegpt.train.mix import component_name, realised_shares, sample_counts
+from pilegpt.train.mix import check_epoch, component_name, realised_shares, sample_counts
 
 
 class BinDataset:
@@ -210,13 +210,21 @@ def detect_format(data_dir: str, data_format: str) -> str:
                     f"(to_mds.py)")
 
 
-def bin_split(data_dir: str, meta: Meta, split: str, block_size: int) -> Optional[BinDataset]:
-    """The BinDataset of one split, or None when the dataset has no such split."""
+def bin_split(data_dir: str, meta: Meta, split: str, block_size: int,
+              too_short: Optional[bool] = None) -> Optional[BinDataset]:
+    """The BinDataset of one split, or None when the dataset has no such split. A split shorter than one sample is
+    a UserError, or with too_short set as none (a data_mix root's val split: no eval set for that root, with a note
+    when too_short is True)."""
     if split not in meta.splits:
         return None
     n = meta.token_count(data_dir, split)
     dataset = BinDataset(str(Path(data_dir) / meta.splits[split].file), block_size, meta.dtype, num_tokens=n,
                          vocab_size=meta.vocab_size)
+    if len(dataset) == 0 and too_short is not None:
+        if too_short:
+            print(f"note: {dataset.path} has {n} tokens, fewer than one sample of block_size+1 = {block_size + 1}: "
+                  f"{data_dir} trains without an eval set of its own (as without a val split)", flush=True)
+        return None
     if len(dataset) == 0:
         raise UserError(f"{dataset.path} has {n} tokens, fewer than one sample of block_size+1 = "
                         f"{block_size + 1}: use more data or a smaller --block_size")
@@ -383,6 +391,7 @@ def bin_train_set(cfg, rank: int):
                         "different tokenizers: prepare every component with the same one")
     if not cfg.data_mix:
         return parts[0], None
+    check_epoch(cfg.data_mix, [len(p) for p in parts])
     order = MixedOrder(sample_counts(list(cfg.data_mix.values()), [len(p) for p in parts]), [len(p) for p in parts])
     return MixedBins(parts, order), order
 
@@ -392,7 +401,8 @@ def bin_val_set(cfg, rank: int):
     seed, so that eval_subset_num_batches reads from every root in proportion to its val split), or None."""
     from torch.utils.data import Subset
 
-    parts = [bin_split(r, read_meta(r, cfg.vocab_size, rank), "val", cfg.block_size) for r in bin_roots(cfg)]
+    short = (rank == 0) if cfg.data_mix else None  # a mix's root too short for one sample: left out, with a note
+    parts = [bin_split(r, read_meta(r, cfg.vocab_size, rank), "val", cfg.block_size, short) for r in bin_roots(cfg)]
     parts = [p for p in parts if p is not None]
     if not cfg.data_mix or not parts:
         return eval_subset(parts[0], cfg) if parts else None
@@ -428,7 +438,9 @@ def mds_loaders(cfg, world_size: int, loader_args: dict):
 
     per_rank, eval_bs = cfg.per_rank_batch(world_size), eval_batch_size(cfg)
     check_writable_folder(cfg.data_local, "data_local", "pass another --data_local (the local MDS cache)")
-    read_mds_indexes(cfg)  # every shard name of every split checked before Streaming starts
+    indexes = read_mds_indexes(cfg)  # every shard name of every split checked before Streaming starts
+    if cfg.data_mix and indexes["train"] and all(i is not None for i in indexes["train"]):
+        check_epoch(cfg.data_mix, [sum(s["samples"] for s in json.loads(i)["shards"]) for i in indexes["train"]])
     train_set = mds_split(cfg, "train", per_rank, shuffle=True, weighted=True)
     if train_set is None:
         raise UserError(f"no MDS train split: expected train/{INDEX_NAME} under {mds_roots(cfg)} "
@@ -538,7 +550,8 @@ def build_eval_loader(cfg, location: str, world_size: int, rank: int, pin_memory
     loader_args = dict(num_workers=cfg.num_workers, pin_memory=pin_memory, persistent_workers=cfg.num_workers > 0)
     eval_bs = eval_batch_size(cfg)
     if local and detect_format(location, "auto") == "bin":
-        val_set = bin_split(location, read_meta(location, cfg.vocab_size, rank), "val", cfg.block_size)
+        val_set = bin_split(location, read_meta(location, cfg.vocab_size, rank), "val", cfg.block_size,
+                            None if required else False)  # a data_mix root's: bin_val_set gave the note
         val_set = None if val_set is None else eval_subset(val_set, cfg)
         how = dict(sampler=None if val_set is None else dist.get_sampler(val_set, shuffle=False, drop_last=False))
     else:
