@@ -145,3 +145,13 @@ def test_numpy_weights_are_read_as_python_numbers():
 ])
 def test_nan_numpy_bools_and_numpy_non_integers_are_errors(weight, message):
     assert any(e.startswith(message) for e in check_mix({"a": weight})), check_mix({"a": weight})
+
+
+def test_an_epoch_beyond_2_48_samples_or_a_root_without_a_sample_is_refused():
+    from pilegpt.train.mix import check_epoch
+
+    with pytest.raises(UserError, match=r"^data_mix: its weights give an epoch of 1\.41e\+15 samples, more than "):
+        check_epoch({"a": {"repeat": 2.0 ** 47}, "b": {"repeat": 1.0}}, [10, 10])
+    with pytest.raises(UserError, match=r"^data_mix: b: \{'proportion': 1e-06\} gives it 0\.000101 of its 1 samples"):
+        check_epoch({"a": {"proportion": 1.0}, "b": {"proportion": 1e-6}}, [100, 1])
+    check_epoch({"a": {"choose": 1}, "b": {"repeat": 0.5}}, [5, 2])  # one sample each: fine
