@@ -312,9 +312,10 @@ def build_data(cfg: TrainConfig, model: ComposerGPT, world: World,
     train_data, val_data = build_dataloaders(cfg, world.size, world.rank, pin_memory=pin)
     eval_sets = {"val": val_data} if val_data is not None else {}
     for root in cfg.data_mix:  # per component: pile_cc_loss, pile_cc_bpb, ...
-        spec = build_eval_loader(cfg, root, world.size, world.rank, pin_memory=pin, required=False)
+        spec = build_eval_loader(cfg, root, world.size, world.rank, pin_memory=pin, required=False,
+                                 label=component_name(root))
         eval_sets.update({component_name(root): spec} if spec is not None else {})
-    eval_sets.update({label: build_eval_loader(cfg, location, world.size, world.rank, pin_memory=pin)
+    eval_sets.update({label: build_eval_loader(cfg, location, world.size, world.rank, pin_memory=pin, label=label)
                       for label, location in cfg.eval_data.items()})  # named sets: owt_loss, owt_bpb, ...
     evaluators = [Evaluator(label=label, dataloader=spec, metric_names=list(model.eval_metrics),
                             subset_num_batches=eval_batches_per_rank(cfg, spec, world.size))  # a global amount

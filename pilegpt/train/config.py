@@ -152,9 +152,10 @@ class TrainConfig:
         if self.data_format not in ("auto", "bin", "mds"):
             errors.append(f"data_format must be 'auto', 'bin' or 'mds', got {self.data_format!r}")
         if self.data_mix:
-            from pilegpt.train.mix import check_mix, component_name
+            from pilegpt.train.mix import check_mix, component_name, plain_weights
 
             errors += check_mix(self.data_mix)
+            self.data_mix = self.data_mix if errors else plain_weights(self.data_mix)
             if self.data_dir is not None or self.data_remote is not None:
                 errors.append("data_mix names the data: pass --data_dir=None and --data_remote=None (or drop "
                               "data_mix)")
@@ -465,8 +466,8 @@ def config_values(argv: Sequence[str]) -> dict[str, Any]:
         if not arg.startswith("--"):
             files.append(arg)
         # data_dir, data_remote and data_mix are three ways to name the data: setting one replaces the others
-        for key in DATA_KEYS:
-            if key in source and not any(k in source for k in DATA_KEYS if k != key):
+        for key in DATA_KEYS:  # (set to None, one names no data: --data_mix={...} --data_dir=None keeps the mix)
+            if source.get(key) is not None and not any(k in source for k in DATA_KEYS if k != key):
                 for other in DATA_KEYS:
                     values.pop(other, None)
         values.update(source)

@@ -90,6 +90,11 @@ def differences(saved: dict, now: dict) -> list[str]:
     if len(was_roots) != len(new_roots):
         return [f"{len(new_roots)} {'MDS roots' if now['format'] == 'mds' else 'data_mix roots'} (the run had "
                 f"{len(was_roots)})"]
+    if reordered(was_roots, new_roots):
+        was_order = ", ".join(str(r["root"]) for r in was_roots)
+        return [f"the order of the {'MDS roots' if now['format'] == 'mds' else 'data_mix roots'}: "
+                f"{', '.join(r['root'] for r in new_roots)} (the run had {was_order}; list them in the run's order: "
+                "the sample order follows it)"]
     found = [f"{new['root']}: weight {new['weight']} (the run had {was.get('weight')})"
              for was, new in zip(was_roots, new_roots) if "weight" in new and was.get("weight") != new["weight"]]
     if now["format"] == "bin_mix":
@@ -97,6 +102,15 @@ def differences(saved: dict, now: dict) -> list[str]:
                         for change in differences({**was, "format": "bin"}, {**new, "format": "bin"})]
     return found + [f"{new['root']}/{split}/index.json lists other shards" for was, new in zip(was_roots, new_roots)
                     for split in SPLITS if was.get(split) != new[split]]
+
+
+def reordered(was_roots: list, new_roots: list) -> bool:
+    """Whether the roots are the run's, data and weights, in another order (where each lies is not compared)."""
+    def content(record) -> str:
+        return json.dumps({k: v for k, v in record.items() if k != "root"}, sort_keys=True, default=str)
+
+    was, new = [content(r) for r in was_roots], [content(r) for r in new_roots]
+    return was != new and sorted(was) == sorted(new)
 
 
 def damage(saved) -> Optional[str]:
@@ -152,7 +166,8 @@ def check_resume(record: dict, save_folder: str, ok: bool) -> Optional[str]:
     if ok:
         return f"note: the data changed since the run's checkpoints ({'; '.join(changed)}): continuing on it, as " \
                "data_changed_ok=True says"
-    raise UserError(f"autoresume: {save_folder} was trained on other data: {'; '.join(changed)} ({where}); resume "
+    what = "its data in another order" if changed[0].startswith("the order of ") else "other data"
+    raise UserError(f"autoresume: {save_folder} was trained on {what}: {'; '.join(changed)} ({where}); resume "
                     "on the data it was trained on, start a new run with another --run_name, or pass "
                     "--data_changed_ok=True if the change is intended")
 

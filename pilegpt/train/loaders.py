@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 import os
 import re
@@ -32,7 +33,7 @@ from pilegpt.data import (
     read_windows,
     validation_hash,
 )
-from pilegpt.train.mix import realised_shares, sample_counts
+from pilegpt.train.mix import check_epoch, component_name, realised_shares, sample_counts
 
 
 class BinDataset:
@@ -209,13 +210,21 @@ def detect_format(data_dir: str, data_format: str) -> str:
                     f"(to_mds.py)")
 
 
-def bin_split(data_dir: str, meta: Meta, split: str, block_size: int) -> Optional[BinDataset]:
-    """The BinDataset of one split, or None when the dataset has no such split."""
+def bin_split(data_dir: str, meta: Meta, split: str, block_size: int,
+              too_short: Optional[bool] = None) -> Optional[BinDataset]:
+    """The BinDataset of one split, or None when the dataset has no such split. A split shorter than one sample is
+    a UserError, or with too_short set as none (a data_mix root's val split: no eval set for that root, with a note
+    when too_short is True)."""
     if split not in meta.splits:
         return None
     n = meta.token_count(data_dir, split)
     dataset = BinDataset(str(Path(data_dir) / meta.splits[split].file), block_size, meta.dtype, num_tokens=n,
                          vocab_size=meta.vocab_size)
+    if len(dataset) == 0 and too_short is not None:
+        if too_short:
+            print(f"note: {dataset.path} has {n} tokens, fewer than one sample of block_size+1 = {block_size + 1}: "
+                  f"{data_dir} trains without an eval set of its own (as without a val split)", flush=True)
+        return None
     if len(dataset) == 0:
         raise UserError(f"{dataset.path} has {n} tokens, fewer than one sample of block_size+1 = "
                         f"{block_size + 1}: use more data or a smaller --block_size")
@@ -230,11 +239,23 @@ def mds_roots(cfg) -> list[str]:
     return [cfg.data_remote] if isinstance(cfg.data_remote, str) else list(cfg.data_remote)
 
 
-def mds_cache_dir(data_local: str, root: str, split: str) -> str:
-    """A local cache folder of its own for each remote root and split (Streaming needs distinct ones), always inside
-    data_local (a root named "." or ".." gets a slug of underscores)."""
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", storage.without_scheme(root)).strip("_")
-    return os.path.join(data_local, "_" * len(slug) if set(slug) <= {"."} else slug, split)
+def mds_cache_dir(data_local: str, root: str, split: str, role: str = "") -> str:
+    """A local cache folder of its own for each root and split (Streaming needs distinct ones), always inside
+    data_local: the root's name (its last 80 characters as letters, digits, ".", "_" and "-") and a hash of the
+    root itself (a local one resolved: its real path), so that two roots never share one (`a_b` and `a/b`) and two
+    spellings of one root do. role: a named eval set's own folder beside the split's (split.role): Streaming
+    refuses two datasets of one process that share a cache folder, and a data_mix root's eval set (or an eval_data
+    set naming the data's own root) reads the val/ that the run's val set reads too."""
+    resolved = root.rstrip("/") if storage.is_remote(root) else os.path.realpath(root)
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", storage.without_scheme(resolved)).strip("_")[-80:].lstrip(".")
+    key = hashlib.sha256(resolved.encode("utf-8", "surrogateescape")).hexdigest()[:12]
+    return os.path.join(data_local, f"{slug}-{key}" if slug else key, f"{split}.{role}" if role else split)
+
+
+def mds_caches(cfg, root: str, split: str) -> list[str]:
+    """Every cache folder a run reads split/ of an MDS root through: the data's own, and its data_mix eval set's."""
+    own = [mds_cache_dir(cfg.data_local, root, split)]
+    return own + ([mds_cache_dir(cfg.data_local, root, split, component_name(root))] if cfg.data_mix else [])
 
 
 def refresh_mds_cache(cfg) -> list[str]:
@@ -245,11 +266,11 @@ def refresh_mds_cache(cfg) -> list[str]:
     emptied = []
     for split, found in read_mds_indexes(cfg).items():
         for root, index in zip(mds_roots(cfg), found or []):
-            cache = mds_cache_dir(cfg.data_local, root, split)
-            cached = storage.folder(cache).get(INDEX_NAME) if index is not None else None
-            if cached is not None and cached != index and is_inside(cache, cfg.data_local):
-                shutil.rmtree(cache)
-                emptied.append(cache)
+            for cache in mds_caches(cfg, root, split):
+                cached = storage.folder(cache).get(INDEX_NAME) if index is not None else None
+                if cached is not None and cached != index and is_inside(cache, cfg.data_local):
+                    shutil.rmtree(cache)
+                    emptied.append(cache)
     return emptied
 
 
@@ -283,12 +304,12 @@ def read_mds_indexes(cfg) -> dict[str, Optional[list[Optional[bytes]]]]:
     return {split: split_indexes(cfg, split) for split in SPLITS}
 
 
-def mds_split(cfg, split: str, batch_size: int, shuffle: bool, weighted: bool = False):
+def mds_split(cfg, split: str, batch_size: int, shuffle: bool, weighted: bool = False, role: str = ""):
     """A StreamingDataset over split/ of every MDS root (several roots: several streams), or None. Every root,
     local or remote, is read through a cache under data_local (Streaming decompresses shards where it reads them,
     and a dataset folder must stay as to_mds wrote it); shard names are checked first (split_indexes), checksums
     as shards enter the cache (xxh64 when the index has it), so a corrupt shard is refused. weighted: each root's
-    data_mix weight goes to its Stream (proportion=, repeat= or choose=)."""
+    data_mix weight goes to its Stream (proportion=, repeat= or choose=); role: a named eval set's (mds_cache_dir)."""
     from streaming import Stream
 
     from pilegpt.train.mds_reader import CheckedStreamingDataset
@@ -304,7 +325,7 @@ def mds_split(cfg, split: str, batch_size: int, shuffle: bool, weighted: bool = 
         if vocab is not None and vocab > cfg.vocab_size:
             raise UserError(f"{root}/{split} was made with a vocabulary of {vocab} tokens but vocab_size is "
                             f"{cfg.vocab_size}: pass --vocab_size={vocab}")
-        streams.append(Stream(remote=storage.join(root, split), local=mds_cache_dir(cfg.data_local, root, split),
+        streams.append(Stream(remote=storage.join(root, split), local=mds_cache_dir(cfg.data_local, root, split, role),
                               validate_hash=validation_hash(index) if index is not None else None,
                               **(cfg.data_mix.get(root, {}) if weighted else {})))
     try:
@@ -312,6 +333,11 @@ def mds_split(cfg, split: str, batch_size: int, shuffle: bool, weighted: bool = 
             return CheckedStreamingDataset(streams=streams, batch_size=batch_size, shuffle=shuffle,
                                            shuffle_seed=cfg.seed, num_canonical_nodes=cfg.num_canonical_nodes)
     except (FileNotFoundError, ValueError) as e:
+        if str(e).startswith("Reused local directory") and " vs " in str(e):  # a live dataset of another process
+            where = roots[0] if len(roots) == 1 else f"{len(roots)} roots"
+            raise UserError(f"MDS split {split}/ of {where}: another process on this machine reads it through the "
+                            f"same cache under data_local={cfg.data_local} (two runs on one dataset cannot share a "
+                            "cache): pass this run --data_local=ANOTHER_FOLDER") from None
         raise UserError(f"cannot open MDS split {split}/ of {roots}: {e}") from None
 
 
@@ -365,6 +391,7 @@ def bin_train_set(cfg, rank: int):
                         "different tokenizers: prepare every component with the same one")
     if not cfg.data_mix:
         return parts[0], None
+    check_epoch(cfg.data_mix, [len(p) for p in parts])
     order = MixedOrder(sample_counts(list(cfg.data_mix.values()), [len(p) for p in parts]), [len(p) for p in parts])
     return MixedBins(parts, order), order
 
@@ -374,7 +401,8 @@ def bin_val_set(cfg, rank: int):
     seed, so that eval_subset_num_batches reads from every root in proportion to its val split), or None."""
     from torch.utils.data import Subset
 
-    parts = [bin_split(r, read_meta(r, cfg.vocab_size, rank), "val", cfg.block_size) for r in bin_roots(cfg)]
+    short = (rank == 0) if cfg.data_mix else None  # a mix's root too short for one sample: left out, with a note
+    parts = [bin_split(r, read_meta(r, cfg.vocab_size, rank), "val", cfg.block_size, short) for r in bin_roots(cfg)]
     parts = [p for p in parts if p is not None]
     if not cfg.data_mix or not parts:
         return eval_subset(parts[0], cfg) if parts else None
@@ -410,7 +438,9 @@ def mds_loaders(cfg, world_size: int, loader_args: dict):
 
     per_rank, eval_bs = cfg.per_rank_batch(world_size), eval_batch_size(cfg)
     check_writable_folder(cfg.data_local, "data_local", "pass another --data_local (the local MDS cache)")
-    read_mds_indexes(cfg)  # every shard name of every split checked before Streaming starts
+    indexes = read_mds_indexes(cfg)  # every shard name of every split checked before Streaming starts
+    if cfg.data_mix and indexes["train"] and all(i is not None for i in indexes["train"]):
+        check_epoch(cfg.data_mix, [sum(s["samples"] for s in json.loads(i)["shards"]) for i in indexes["train"]])
     train_set = mds_split(cfg, "train", per_rank, shuffle=True, weighted=True)
     if train_set is None:
         raise UserError(f"no MDS train split: expected train/{INDEX_NAME} under {mds_roots(cfg)} "
@@ -506,10 +536,11 @@ def data_tokenizer(cfg) -> str:
     return (json.loads(made).get("tokenizer") if made else None) or "gpt2"
 
 
-def build_eval_loader(cfg, location: str, world_size: int, rank: int, pin_memory: bool, required: bool = True):
+def build_eval_loader(cfg, location: str, world_size: int, rank: int, pin_memory: bool, required: bool = True,
+                      label: str = "eval"):
     """The val split of another dataset (a prepare_data folder, or an MDS root, local or s3://) as a DataSpec:
     train.py's named evaluation sets (eval_data, and each data_mix root's), read as train.py reads its own val split.
-    Without one: a UserError, or None when not `required`."""
+    Without one: a UserError, or None when not `required`. An MDS set is cached in a folder of its own (`label`'s)."""
     from composer.utils import dist
     from torch.utils.data import DataLoader
 
@@ -519,11 +550,12 @@ def build_eval_loader(cfg, location: str, world_size: int, rank: int, pin_memory
     loader_args = dict(num_workers=cfg.num_workers, pin_memory=pin_memory, persistent_workers=cfg.num_workers > 0)
     eval_bs = eval_batch_size(cfg)
     if local and detect_format(location, "auto") == "bin":
-        val_set = bin_split(location, read_meta(location, cfg.vocab_size, rank), "val", cfg.block_size)
+        val_set = bin_split(location, read_meta(location, cfg.vocab_size, rank), "val", cfg.block_size,
+                            None if required else False)  # a data_mix root's: bin_val_set gave the note
         val_set = None if val_set is None else eval_subset(val_set, cfg)
         how = dict(sampler=None if val_set is None else dist.get_sampler(val_set, shuffle=False, drop_last=False))
     else:
-        val_set = mds_split(other, "val", eval_bs, shuffle=False)
+        val_set = mds_split(other, "val", eval_bs, shuffle=False, role=label)
         how = dict(collate_fn=functools.partial(collate_mds, vocab_size=cfg.vocab_size))
     if val_set is None and not required:
         return None

@@ -23,6 +23,7 @@ from helpers import (
     read_jsonl,
     run_command,
     run_train,
+    streaming_dataset,
     succeeded,
     train_env,
     write_mds,
@@ -248,3 +249,40 @@ def test_a_rebuilt_mds_dataset_is_refused_on_resume_and_its_stale_cache_refreshe
     assert "resumed at batch 2" in out
 
 
+
+
+def test_two_runs_on_one_mds_dataset_with_one_data_local_is_one_line_naming_data_local(tmp_path):
+    """Another run on this machine reads the dataset through the default cache: this one is one line naming
+    data_local (not Streaming's advice to clean shared memory that other runs hold); with a data_local of its own
+    it trains beside it."""
+    from pilegpt.train.loaders import mds_cache_dir
+
+    root = write_mds_splits(tmp_path / "mds", np.random.default_rng(8).integers(0, 50257, 20_000).astype(np.uint16))
+    cache = tmp_path / "cache"
+    other_run = streaming_dataset(remote=str(root / "train"), local=mds_cache_dir(str(cache), str(root), "train"),
+                                  shuffle=False, batch_size=1)
+    args = [f"--data_dir={root}", *TRAIN, f"--save_folder={tmp_path / 'run'}", "--run_name=second"]
+    line = failed_with_one_line(run_train([*args, f"--data_local={cache}"], tmp_path))
+    assert line == (f"error: MDS split train/ of {root}: another process on this machine reads it through the same "
+                    f"cache under data_local={cache} (two runs on one dataset cannot share a cache): pass this run "
+                    "--data_local=ANOTHER_FOLDER")
+    succeeded(run_train([*args, f"--data_local={tmp_path / 'cache2'}"], tmp_path))
+    assert len(list(other_run)) == other_run.epoch_size  # the other run reads on
+
+
+def test_an_mds_root_named_twice_in_one_run_and_roots_of_one_slug_train(tmp_path):
+    """data_dir also named in eval_data (one val/ read by two eval sets), and data_mix roots `x/a_b` and `x/a/b`
+    (one name once "/" is "_"): each reads through a cache folder of its own."""
+    tokens = np.random.default_rng(9).integers(0, 50257, 20_000).astype(np.uint16)
+    root = write_mds_splits(tmp_path / "x" / "a_b", tokens)
+    write_mds_splits(tmp_path / "x" / "a" / "b", tokens[::-1].copy())
+    common = [*TRAIN, f"--data_local={tmp_path / 'cache'}"]
+    succeeded(run_train([f"--data_dir={root}", *common, f"--eval_data={{'again': '{root}'}}",
+                         f"--save_folder={tmp_path / 'run1'}", "--run_name=twice"], tmp_path))
+    last = read_jsonl(tmp_path / "run1" / "metrics.jsonl")[-1]
+    assert last["again_loss"] == pytest.approx(last["val_loss"], rel=1e-6)  # the same samples, the same weights
+    mix = {str(root): {"repeat": 1.0}, str(tmp_path / "x" / "a" / "b"): {"repeat": 1.0}}
+    succeeded(run_train([f"--data_mix={mix!r}", *common, f"--save_folder={tmp_path / 'run2'}", "--run_name=slugs"],
+                        tmp_path))
+    last = read_jsonl(tmp_path / "run2" / "metrics.jsonl")[-1]
+    assert {"val_loss", "a_b_loss", "b_loss"} <= set(last) and last["a_b_loss"] != last["b_loss"]

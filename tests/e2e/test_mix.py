@@ -128,3 +128,109 @@ def test_an_absent_component_and_a_weight_not_positive_are_one_line(tmp_path, ca
     assert line == (f"error: bad config: data_mix: {shakespeare_bin}: repeat must be a number > 0, got 0.0 (drop the "
                     "root to leave it out)")
     assert not Path(tmp_path / "r").exists() or not any((tmp_path / "r").iterdir())
+
+
+def write_two_mds_roots(folder: Path) -> dict:
+    """Two MDS roots with train/ and val/ (ma: ids < 1000, mb: ids >= 1000) and a repeat mix of them."""
+    write_mds_splits(folder / "ma", np.arange(6_401, dtype=np.uint16) % 1000)
+    write_mds_splits(folder / "mb", 1000 + np.arange(3_401, dtype=np.uint16) % 1000)
+    return {str(folder / "ma"): {"repeat": 1.0}, str(folder / "mb"): {"repeat": 2.0}}
+
+
+@pytest.mark.parametrize("nproc", [0, 2])
+def test_an_mds_mix_with_an_eval_set_per_root_trains_on_one_and_two_processes(tmp_path, nproc):
+    mix = write_two_mds_roots(tmp_path / "data")
+    args = [*SMALL, f"--data_mix={mix!r}", f"--data_local={tmp_path / 'cache'}", "--device=cpu", "--sample_length=0",
+            "--max_duration=2ba", "--eval_interval=2ba", "--eval_subset_num_batches=1", "--progress_bar=False",
+            f"--save_folder={tmp_path / 'run'}", "--run_name=mdsmix"]
+    succeeded(run_train(args, tmp_path, nproc=nproc))
+    last = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "val_loss" in r][-1]
+    assert {"val_loss", "ma_loss", "ma_bpb", "mb_loss", "mb_bpb"} <= set(last)
+    assert last["ma_loss"] != last["mb_loss"]
+
+
+def test_two_folders_of_one_pile_component_are_one_line_naming_both(tmp_path, monkeypatch, capsys):
+    """config/pile_mix.py over PILE_MIX_DATA holding PileCC/ and pile-cc/ (both Pile-CC): not one of them left out."""
+    for name in ("PileCC", "pile-cc", "wikipedia_en"):
+        write_bin(tmp_path / name, np.arange(2_000) % 50)
+    monkeypatch.setenv("PILE_MIX_DATA", str(tmp_path))
+    line = main_error(train.main, ["config/pile_mix.py", "--device=cpu"], capsys)
+    assert line == (f"error: config file config/pile_mix.py failed to run: ValueError: {tmp_path / 'PileCC'} and "
+                    f"{tmp_path / 'pile-cc'} both hold the Pile component Pile-CC: keep one, move the other out of "
+                    f"{tmp_path}")
+
+
+@pytest.mark.parametrize("weight, message", [  # as the user types them
+    ("{'repeat': 1e999}", "data_mix: {a}: repeat must be a finite number > 0, got inf"),
+    ("{'repeat': 1e17}", "data_mix: {a}: repeat 1e+17 gives more than 281,474,976,710,656 samples an epoch: give a "
+                         "smaller one"),
+    ("{'choose': 1000000000000000000000000000000}",
+     "data_mix: {a}: choose 1000000000000000000000000000000 gives more than 281,474,976,710,656 samples an epoch: "
+     "give a smaller one"),
+])
+def test_a_weight_that_is_infinite_or_too_big_is_one_line(tmp_path, capsys, shakespeare_bin, weight, message):
+    kind, other = weight.split("'")[1], write_bin(tmp_path / "b", np.arange(2_000) % 50)
+    mix = f"{{{str(shakespeare_bin)!r}: {weight}, {str(other)!r}: {{{kind!r}: 1}}}}"
+    line = main_error(train.main, [*SMALL, f"--data_mix={mix}", "--device=cpu"], capsys)
+    assert line == "error: bad config: " + message.format(a=shakespeare_bin)
+
+
+def test_proportions_beyond_floats_and_a_root_listed_twice_through_a_symlink_are_one_line(tmp_path, capsys,
+                                                                                           shakespeare_bin):
+    other = write_bin(tmp_path / "b", np.arange(2_000) % 50)
+    big = {str(shakespeare_bin): {"proportion": 1e308}, str(other): {"proportion": 1e308}}
+    line = main_error(train.main, [*SMALL, f"--data_mix={big!r}", "--device=cpu"], capsys)
+    assert line == ("error: bad config: data_mix: the proportions sum to inf (they are relative): scale them down, "
+                    "e.g. to sum to 1")
+    infinite = f"{{{str(shakespeare_bin)!r}: {{'proportion': 1e999}}, {str(other)!r}: {{'proportion': 1.0}}}}"
+    line = main_error(train.main, [*SMALL, f"--data_mix={infinite}", "--device=cpu"], capsys)
+    assert line == f"error: bad config: data_mix: {shakespeare_bin}: proportion must be a finite number > 0, got inf"
+    (tmp_path / "link").symlink_to(shakespeare_bin)
+    twice = {str(shakespeare_bin): {"repeat": 1.0}, str(tmp_path / "link"): {"repeat": 1.0}}
+    line = main_error(train.main, [*SMALL, f"--data_mix={twice!r}", "--device=cpu"], capsys)
+    assert line == (f"error: bad config: data_mix: {shakespeare_bin} and {tmp_path / 'link'} are one folder "
+                    f"({shakespeare_bin.resolve()}): list it once")
+
+
+def test_numpy_weights_are_numbers_and_a_weight_giving_a_root_no_sample_is_one_line(tmp_path, capsys,
+                                                                                     shakespeare_tokens):
+    """A config file's np.int64 / np.float64 weights are read as numbers; repeat 1e-9 gives a root of 33 samples
+    none an epoch (it would be evaluated, never trained on): refused before training, naming the root."""
+    write_bin(tmp_path / "a", shakespeare_tokens[:12_000])
+    write_bin(tmp_path / "b", shakespeare_tokens[12_000:13_200])
+    (tmp_path / "mix.py").write_text(
+        "import numpy as np\n"
+        f"data_mix = {{{str(tmp_path / 'a')!r}: {{'choose': np.int64(100)}}, "
+        f"{str(tmp_path / 'b')!r}: {{'repeat': np.float64(1e-9)}}}}\n")
+    line = main_error(train.main, [tmp_path / "mix.py", *SMALL, "--device=cpu", f"--save_folder={tmp_path / 'r'}"],
+                      capsys, alone=False)
+    assert line == (f"error: data_mix: {tmp_path / 'b'}: {{'repeat': 1e-09}} gives it 3.3e-08 of its 33 samples an "
+                    "epoch, fewer than one (it would be evaluated, never trained on): raise its weight, or drop it")
+
+
+def test_a_mix_after_data_dir_none_with_a_too_short_val_trains_and_a_reordered_resume_says_the_order(
+        tmp_path, capsys, shakespeare_tokens):
+    """--data_mix={...} --data_dir=None over a preset's data_dir; root b's val.bin (20 tokens) is shorter than one
+    window: b trains without an eval set of its own, with a note; the same roots in another order on autoresume are
+    refused naming the order, not as weights or token counts that changed."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    write_bin(a, shakespeare_tokens[:12_000])
+    write_bin(b, {"train": shakespeare_tokens[12_000:15_000], "val": shakespeare_tokens[15_000:15_020]})
+    (tmp_path / "preset.py").write_text(f"data_dir = {str(a)!r}\n")
+    mix = {str(a): {"repeat": 1.0}, str(b): {"repeat": 2.0}}
+    args = [tmp_path / "preset.py", *SMALL, "--device=cpu", "--sample_length=0", "--max_duration=2ba",
+            "--eval_interval=2ba", "--save_interval=2ba", "--eval_subset_num_batches=1", "--progress_bar=False",
+            f"--save_folder={tmp_path / 'run'}", "--run_name=short"]
+    capsys.readouterr()
+    train.main([str(x) for x in [*args, f"--data_mix={mix!r}", "--data_dir=None"]])
+    out = capsys.readouterr().out
+    assert (f"note: {b / 'val.bin'} has 20 tokens, fewer than one sample of block_size+1 = 33: {b} trains without "
+            "an eval set of its own (as without a val split)") in out
+    last = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "val_loss" in r][-1]
+    assert {"val_loss", "a_loss"} <= set(last) and "b_loss" not in last
+    reordered = {str(b): {"repeat": 2.0}, str(a): {"repeat": 1.0}}
+    line = main_error(train.main, [*args, f"--data_mix={reordered!r}", "--data_dir=None", "--autoresume=True",
+                                   "--max_duration=3ba"], capsys, alone=False)
+    assert line.startswith(f"error: autoresume: {tmp_path / 'run'} was trained on its data in another order: the "
+                           f"order of the data_mix roots: {b}, {a} (the run had {a}, {b}; list them in the run's "
+                           f"order: the sample order follows it) ({tmp_path / 'run' / 'data.json'}); resume"), line

@@ -89,6 +89,8 @@ def test_component_names_are_folder_names_usable_as_eval_labels():
     ({"a": {"weight": 1}}, "data_mix: a: {'weight': 1} must be one of"),
     ({"a": {"proportion": 1}, "b": {"repeat": 1}}, "data_mix: b: proportion (relative) and repeat/choose"),
     ({"x/a": {"repeat": 1}, "y/a": {"repeat": 1}}, "data_mix: y/a and x/a have the same name 'a'"),
+    ({"a": {"repeat": "2"}}, "data_mix: a: repeat must be a number > 0, got '2'"),
+    ({"x/a": {"repeat": 1}, "x/./a/": {"repeat": 1}}, "data_mix: x/a and x/./a/ are one folder"),
 ])
 def test_bad_weights_are_errors_naming_the_root(mix, message):
     assert any(e.startswith(message) for e in check_mix(mix)), check_mix(mix)
@@ -123,3 +125,33 @@ def test_pile_mix_config_gives_the_papers_epochs_to_the_components_present(tmp_p
     (tmp_path / "shakespeare").mkdir()  # not a Pile component: one line naming the folder
     with pytest.raises(UserError, match="shakespeare is not a Pile component"):
         read_config_file("config/pile_mix.py")
+
+
+def test_numpy_weights_are_read_as_python_numbers():
+    cfg = load_config(["--data_mix={'a': {'choose': 100}}"])
+    from pilegpt.train.config import TrainConfig
+
+    cfg = TrainConfig(**{**cfg.__dict__, "data_mix": {"a": {"choose": np.int64(100)}, "b": {"choose": np.uint8(7)}}})
+    assert cfg.data_mix == {"a": {"choose": 100}, "b": {"choose": 7}}
+    assert all(type(next(iter(w.values()))) is int for w in cfg.data_mix.values())
+
+
+@pytest.mark.parametrize("weight, message", [  # values a config file can give but the command line cannot
+    ({"repeat": float("nan")}, "data_mix: a: repeat must be a number > 0, got nan"),
+    ({"choose": -np.int64(3)}, "data_mix: a: choose must be a number > 0, got np.int64(-3)"),
+    ({"choose": np.float64(2.5)}, "data_mix: a: choose is a number of samples, a whole number"),
+    ({"repeat": np.bool_(True)}, "data_mix: a: repeat must be a number > 0, got np.True_"),
+    ({"repeat": np.float32("inf")}, "data_mix: a: repeat must be a finite number > 0, got np.float32(inf)"),
+])
+def test_nan_numpy_bools_and_numpy_non_integers_are_errors(weight, message):
+    assert any(e.startswith(message) for e in check_mix({"a": weight})), check_mix({"a": weight})
+
+
+def test_an_epoch_beyond_2_48_samples_or_a_root_without_a_sample_is_refused():
+    from pilegpt.train.mix import check_epoch
+
+    with pytest.raises(UserError, match=r"^data_mix: its weights give an epoch of 1\.41e\+15 samples, more than "):
+        check_epoch({"a": {"repeat": 2.0 ** 47}, "b": {"repeat": 1.0}}, [10, 10])
+    with pytest.raises(UserError, match=r"^data_mix: b: \{'proportion': 1e-06\} gives it 0\.000101 of its 1 samples"):
+        check_epoch({"a": {"proportion": 1.0}, "b": {"proportion": 1e-6}}, [100, 1])
+    check_epoch({"a": {"choose": 1}, "b": {"repeat": 0.5}}, [5, 2])  # one sample each: fine
