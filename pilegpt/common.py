@@ -66,6 +66,17 @@ def interrupted(e: Optional[BaseException]) -> bool:
     return False
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this PID runs on this machine (another user's counts: kill -0 is refused, not failed)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[str]:
     """Yield a temporary name beside `path` to write to; on success it is fsynced and renamed to `path`,

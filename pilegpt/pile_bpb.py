@@ -17,8 +17,8 @@ import torch.nn.functional as F
 
 from pilegpt.common import UserError, download_once
 from pilegpt.custom_model import context_length
+from pilegpt.zstd_reader import ZSTD_MAGIC, ZstdReader
 
-ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"  # the first 4 bytes of a zstd frame
 MIRROR = "https://huggingface.co/datasets/monology/pile-uncopyrighted/resolve/main"
 SPLITS = ("val", "test")
 MIN_DOCUMENTS = 100_000  # a sanity floor for a download: the Pile's val and test files hold about 215,000 each
@@ -80,8 +80,6 @@ def read_lines(path: Path) -> Iterator[bytes]:
     """The lines of a JSON lines file, zstd-compressed or not (told by its first bytes), without their \\n; a cut-off
     zstd file is a UserError."""
     import zstandard
-
-    from pilegpt.prepare.sources import ZstdReader  # the repo's zstd reader: a truncated frame is an error
 
     try:
         with open(path, "rb") as raw:

@@ -10,7 +10,7 @@ import posixpath
 import shutil
 from pathlib import Path
 
-from pilegpt.common import UserError, fsync
+from pilegpt.common import UserError, fsync, pid_alive
 from pilegpt.data import INDEX_NAME, SPLITS, TO_MDS_META
 from pilegpt.mds import s3_upload
 from pilegpt.s3 import S3Dir
@@ -21,23 +21,13 @@ log = logging.getLogger("to_mds")  # the command these messages come from
 # local
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def clean_stale_local(out: Path) -> None:
     """Remove OUT.tmp-<pid> folders of runs that died; put back an OUT.old-<pid> a dead run had moved aside."""
     if not out.parent.is_dir():
         return
     for p in sorted(out.parent.glob(f"{out.name}.old-*")) + sorted(out.parent.glob(f"{out.name}.tmp-*")):
         pid = p.name.rsplit("-", 1)[-1]
-        if not pid.isdigit() or int(pid) == os.getpid() or _pid_alive(int(pid)):
+        if not pid.isdigit() or int(pid) == os.getpid() or pid_alive(int(pid)):
             continue
         if p.name.startswith(f"{out.name}.old-") and not out.exists():
             os.rename(p, out)  # killed between moving the old dataset aside and renaming the new one in

@@ -17,6 +17,7 @@ from typing import Any, Iterator, NamedTuple, Optional, Sequence
 
 from pilegpt import storage
 from pilegpt.common import UserError, one_line
+from pilegpt.zstd_reader import ZstdReader
 
 DEFAULT_DATASET = "monology/pile-uncopyrighted"  # the maintained Pile mirror: train/NN.jsonl.zst, val, test
 DEFAULT_SUBSET_FIELD = "meta.pile_set_name"  # where a Pile record names its component
@@ -254,54 +255,10 @@ def open_binary(src: SourceFile):
         raw = open(src.url, "rb")
     lower = src.name.lower()
     if lower.endswith((".zst", ".zstd")):
-        return ZstdReader(raw)
+        return ZstdReader(raw, CHUNK_BYTES)
     if lower.endswith(".gz"):
         return gzip.GzipFile(fileobj=raw, mode="rb")
     return raw
-
-
-class ZstdReader:
-    """Decompress a stream of zstd frames; raise on an empty file or a truncated last frame (zstandard's own
-    stream_reader just ends early there, which would silently drop the rest of a cut-off download).
-    read(n) returns up to n bytes, b"" at the end, without the copies of an io.BufferedReader."""
-
-    def __init__(self, raw):
-        import zstandard
-
-        self.raw, self.zstd = raw, zstandard
-        self.obj, self.fed, self.buf, self.pos, self.empty = self._new(), False, b"", 0, True
-
-    def _new(self):
-        return self.zstd.ZstdDecompressor(max_window_size=2**31).decompressobj()
-
-    def read(self, n: int) -> bytes:
-        while self.pos == len(self.buf):
-            data = self.raw.read(CHUNK_BYTES)
-            if not data:
-                if self.empty:
-                    raise self.zstd.ZstdError("the file is empty (0 bytes)")
-                if self.fed and not self.obj.eof:
-                    raise self.zstd.ZstdError("the stream ends inside a zstd frame (truncated file)")
-                return b""
-            self.empty = False
-            parts = []
-            while data:
-                parts.append(self.obj.decompress(data))
-                self.fed = True
-                if self.obj.eof:  # a frame ended: the next one starts in unused_data
-                    data, self.obj, self.fed = self.obj.unused_data, self._new(), False
-                else:
-                    data = b""
-            self.buf, self.pos = b"".join(parts), 0
-        out = self.buf[self.pos:self.pos + n] if self.pos or n < len(self.buf) else self.buf
-        self.pos += len(out)
-        return out
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.raw.close()
 
 
 def read_tasks(src: SourceFile, start: tuple, text_column: str,

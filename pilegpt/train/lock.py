@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from typing import Callable, Iterator, Optional
 
 from pilegpt import storage
-from pilegpt.common import UserError
+from pilegpt.common import UserError, pid_alive
 
 LOCK_NAME = ".lock"  # in the save_folder
 HEARTBEAT_S = 60.0  # the holder rewrites its heartbeat this often
@@ -52,12 +52,8 @@ def is_alive(record: dict) -> bool:
     pid = record.get("pid")
     if not isinstance(pid, int) or pid <= 0:
         return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not pid_alive(pid):
         return False
-    except PermissionError:
-        pass  # another user's process: alive
     start = process_start(pid)
     return start is None or record.get("pid_start") in (None, start)
 
