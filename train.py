@@ -279,7 +279,8 @@ def build_trainer(cfg: TrainConfig, model: ComposerGPT, folder: RunFolder, world
     # Every checkpoint the Trainer reads goes through the same weights-only load as sample.py's and init_from's.
     with contextlib.ExitStack() as during:
         name = latest_checkpoint_name(folder.save_folder) if folder.resuming else folder.save_folder
-        during.enter_context(compat.checkpoint_loads_through(lambda path, where: load_for_resume(path, where, name)))
+        during.enter_context(compat.checkpoint_loads_through(lambda path, where: run_folder.check_optimizer_state(
+            load_for_resume(path, where, name), optimization.optimizer, name)))
         if out.uploads is not None:
             during.enter_context(checkpoint_uploads(out.uploads))
         trainer = Trainer(

@@ -20,6 +20,7 @@ from helpers import (
     failed_with_one_line,
     finish,
     losses_by_batch,
+    main_error,
     run_train,
     start_s3_server,
     start_train,
@@ -108,6 +109,27 @@ def test_resuming_with_another_model_shape_is_one_line(random_bin, tmp_path, cap
     assert failed_with_one_line(result) == (
         f"error: autoresume: the checkpoints in {run_dir} are of another model: n_layer=3 (the run has 2); resume "
         f"with the run's settings ({run_dir / 'config.json'}) or start a new run with another --run_name")
+
+
+def test_resuming_with_another_optimizer_is_one_line_also_without_config_json(random_bin, tmp_path, capsys):
+    # adamw -> muon resumed with AdamW's lrs in Muon's groups (and norms at 0), muon -> adamw with Muon's lr on
+    # every 2-D weight: refused, from config.json, and from the checkpoint itself when config.json is not there
+    for first, then in (("adamw", "muon"), ("muon", "adamw")):
+        run_dir = tmp_path / first
+        args = [f"--data_dir={random_bin}", *ARGS, f"--save_folder={run_dir}", "--max_duration=3ba"]
+        train_here(*args, f"--optimizer={first}", capsys=capsys)
+        before = sorted(p.name for p in run_dir.iterdir())
+        result = run_train([*args, "--max_duration=6ba", "--autoresume=True", f"--optimizer={then}"], tmp_path)
+        assert failed_with_one_line(result) == (
+            f"error: autoresume: the checkpoints in {run_dir} are of optimizer {first}; this run asks for {then}: "
+            f"resume with the run's settings ({run_dir / 'config.json'}) or start a new run with another --run_name")
+        assert sorted(p.name for p in run_dir.iterdir()) == before
+    (run_dir / "config.json").unlink()  # the muon run: its checkpoint alone tells
+    error = main_error(train.main, [*args, "--max_duration=6ba", "--autoresume=True", "--optimizer=adamw"], capsys,
+                       alone=False)
+    assert error == (f"error: autoresume: the checkpoint {run_dir / 'ep0-ba3-rank0.pt'} is of optimizer muon; this run "
+                     "asks for adamw: resume with the run's --optimizer or start a new run with another --run_name")
+    assert sorted(p.name for p in run_dir.glob("ep*")) == ["ep0-ba3-rank0.pt"]
 
 
 @pytest.mark.s3
