@@ -73,6 +73,7 @@ from pilegpt.train.loaders import (
 from pilegpt.train.metrics import BitsPerByte, CrossEntropyFromLoss, PerplexityFromLoss, token_bytes
 from pilegpt.train.mix import component_name, shares_line
 from pilegpt.train.muon import Muon, muon_groups
+from pilegpt.train.optim_settings import apply_group_settings, group_settings
 from pilegpt.train.preemption import PREEMPTED, CheckpointClock, StopOnSignal
 from pilegpt.train.report import PLOT, REPORT, write_report
 from pilegpt.train.run_folder import CONFIG_JSON, RunFolder
@@ -157,6 +158,7 @@ class Optimization(NamedTuple):
     optimizer: torch.optim.Optimizer
     scheduler: CosineAnnealingWithWarmupScheduler
     algorithms: list  # Composer algorithms, applied in this order at each event
+    settings: list[dict]  # each group's hyperparameters as built: on autoresume they replace the checkpoint's
 
 
 class Outputs(NamedTuple):
@@ -302,7 +304,19 @@ def build_trainer(cfg: TrainConfig, model: ComposerGPT, folder: RunFolder, world
         )
     if out.uploads is not None:
         out.uploads.take_saver_copies(trainer, folder.remote.prefix)
+    if folder.resuming:
+        use_run_settings(trainer, optimization, world)
     return trainer, out
+
+
+def use_run_settings(trainer: Trainer, optimization: Optimization, world: World) -> None:
+    """The checkpoint brought its own learning rates, weight decay and betas (Composer restores them): this run's
+    settings replace them, with a line saying which (optim_settings.py)."""
+    state = trainer.state
+    changes = apply_group_settings(state.optimizers[0], state.schedulers[0], optimization.settings)
+    if changes and world.rank == 0:
+        print(f"autoresume: this run's {', '.join(changes)} replace the checkpoint's from batch "
+              f"{int(state.timestamp.batch)} on (the moments and momentum are the checkpoint's)", flush=True)
 
 
 def build_data(cfg: TrainConfig, model: ComposerGPT, world: World,
@@ -344,7 +358,8 @@ def build_optimizer(cfg: TrainConfig, model: ComposerGPT, device: str, precision
     # muon_lr * min_lr / learning_rate on the same curve (test_muon.py checks it)
     scheduler = CosineAnnealingWithWarmupScheduler(t_warmup=cfg.warmup, alpha_f=cfg.min_lr / cfg.learning_rate)
     # Composer applies algorithms in list order at each event: the clipping first, then the user's
-    return Optimization(optimizer, scheduler, [*clipping, *build_algorithms(cfg, device, precision)])
+    return Optimization(optimizer, scheduler, [*clipping, *build_algorithms(cfg, device, precision)],
+                        group_settings(optimizer))
 
 
 def build_outputs(cfg: TrainConfig, model: ComposerGPT, folder: RunFolder, device: str,
