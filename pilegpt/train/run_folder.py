@@ -21,7 +21,7 @@ from pilegpt.checkpoint import existing_checkpoints
 from pilegpt.common import UserError, atomic_write_text, check_writable_folder
 from pilegpt.s3 import S3Dir
 from pilegpt.train import cluster, data_record, lock
-from pilegpt.train.config import CUSTOM_MODEL_FIELDS, SHAPE_FIELDS, TrainConfig
+from pilegpt.train.config import CUSTOM_MODEL_FIELDS, SHAPE_FIELDS, TrainConfig, saved_form
 from pilegpt.train.loaders import refresh_mds_cache
 from pilegpt.train.resume import set_aside_broken_checkpoints
 
@@ -119,7 +119,7 @@ def check_same_model(cfg: TrainConfig, run_dir: str, save_folder: str) -> None:
         raise UserError(f"autoresume: the checkpoints in {save_folder} are of optimizer {saved['optimizer']}; this "
                         f"run asks for {cfg.optimizer}: {fix}")
     changed = [f"{k}={getattr(cfg, k)!r} (the run has {saved[k]!r})" for k in (*SHAPE_FIELDS, *CUSTOM_MODEL_FIELDS)
-               if k in saved and saved[k] != getattr(cfg, k)]
+               if k in saved and saved_form(saved[k]) != saved_form(getattr(cfg, k))]  # (64,) went in as [64]
     if changed:
         raise UserError(f"autoresume: the checkpoints in {save_folder} are of another model: {', '.join(changed)}; "
                         f"{fix}")
