@@ -78,9 +78,14 @@ class GPTConfig:
         if not (isinstance(self.rope_theta, (int, float)) and not isinstance(self.rope_theta, bool)
                 and self.rope_theta > 0):
             raise ValueError(f"GPTConfig.rope_theta must be a number > 0, got {self.rope_theta!r}")
+        if not 1 <= self.rope_theta < math.inf:  # inf: every pair but the first never turns; < 1: the speeds overflow
+            raise ValueError(f"GPTConfig.rope_theta must be finite and >= 1 (RoPE's base; 10000 is usual), got "
+                             f"{self.rope_theta!r}")
         cap = self.logit_softcap
         if not (isinstance(cap, (int, float)) and not isinstance(cap, bool) and cap >= 0):
             raise ValueError(f"GPTConfig.logit_softcap must be a number >= 0 (0 = off), got {cap!r}")
+        if cap == math.inf:  # inf * tanh(logits / inf) is nan
+            raise ValueError("GPTConfig.logit_softcap must be finite (0 = off), got inf")
 
     @property
     def head_size(self) -> int:

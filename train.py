@@ -60,7 +60,14 @@ from pilegpt.s3 import lost_connection
 from pilegpt.train import cluster, run_folder
 from pilegpt.train.callbacks import ExportModel, HellaSwagEval, MetricsLog, SampleText, StopOnNonFinite, build_loggers
 from pilegpt.train.cluster import World
-from pilegpt.train.config import TrainConfig, config_text, config_values, make_config
+from pilegpt.train.config import (
+    TrainConfig,
+    config_text,
+    config_values,
+    make_config,
+    unused_gpt_settings,
+    used_settings,
+)
 from pilegpt.train.extensions import build_algorithms, build_callbacks
 from pilegpt.train.loaders import (
     build_dataloaders,
@@ -73,6 +80,7 @@ from pilegpt.train.loaders import (
 from pilegpt.train.metrics import BitsPerByte, CrossEntropyFromLoss, PerplexityFromLoss, token_bytes
 from pilegpt.train.mix import component_name, shares_line
 from pilegpt.train.muon import Muon, muon_groups
+from pilegpt.train.optim_settings import apply_group_settings, group_settings
 from pilegpt.train.preemption import PREEMPTED, CheckpointClock, StopOnSignal
 from pilegpt.train.report import PLOT, REPORT, write_report
 from pilegpt.train.run_folder import CONFIG_JSON, RunFolder
@@ -157,6 +165,7 @@ class Optimization(NamedTuple):
     optimizer: torch.optim.Optimizer
     scheduler: CosineAnnealingWithWarmupScheduler
     algorithms: list  # Composer algorithms, applied in this order at each event
+    settings: list[dict]  # each group's hyperparameters as built: on autoresume they replace the checkpoint's
 
 
 class Outputs(NamedTuple):
@@ -264,6 +273,8 @@ def build_custom_model(cfg: TrainConfig, world: World) -> ComposerGPT:
         n = sum(p.numel() for p in module.parameters())
         mfu = "" if model._flops_per_token is not None else "; it has no flops_per_token(): MFU is not reported"
         print(f"model_class={cfg.model_class}: {n / 1e6:.2f}M parameters{mfu}", flush=True)
+        if unused := unused_gpt_settings(cfg):
+            print(custom_model.unused_settings_note(type(module), cfg.model_class, unused), flush=True)
     return model
 
 
@@ -279,7 +290,8 @@ def build_trainer(cfg: TrainConfig, model: ComposerGPT, folder: RunFolder, world
     # Every checkpoint the Trainer reads goes through the same weights-only load as sample.py's and init_from's.
     with contextlib.ExitStack() as during:
         name = latest_checkpoint_name(folder.save_folder) if folder.resuming else folder.save_folder
-        during.enter_context(compat.checkpoint_loads_through(lambda path, where: load_for_resume(path, where, name)))
+        during.enter_context(compat.checkpoint_loads_through(lambda path, where: run_folder.check_optimizer_state(
+            load_for_resume(path, where, name), optimization.optimizer, name)))
         if out.uploads is not None:
             during.enter_context(checkpoint_uploads(out.uploads))
         trainer = Trainer(
@@ -301,7 +313,19 @@ def build_trainer(cfg: TrainConfig, model: ComposerGPT, folder: RunFolder, world
         )
     if out.uploads is not None:
         out.uploads.take_saver_copies(trainer, folder.remote.prefix)
+    if folder.resuming:
+        use_run_settings(trainer, optimization, world)
     return trainer, out
+
+
+def use_run_settings(trainer: Trainer, optimization: Optimization, world: World) -> None:
+    """The checkpoint brought its own learning rates, weight decay and betas (Composer restores them): this run's
+    settings replace them, with a line saying which (optim_settings.py)."""
+    state = trainer.state
+    changes = apply_group_settings(state.optimizers[0], state.schedulers[0], optimization.settings)
+    if changes and world.rank == 0:
+        print(f"autoresume: this run's {', '.join(changes)} replace the checkpoint's from batch "
+              f"{int(state.timestamp.batch)} on (the moments and momentum are the checkpoint's)", flush=True)
 
 
 def build_data(cfg: TrainConfig, model: ComposerGPT, world: World,
@@ -344,7 +368,8 @@ def build_optimizer(cfg: TrainConfig, model: ComposerGPT, device: str, precision
     # muon_lr * min_lr / learning_rate on the same curve (test_muon.py checks it)
     scheduler = CosineAnnealingWithWarmupScheduler(t_warmup=cfg.warmup, alpha_f=cfg.min_lr / cfg.learning_rate)
     # Composer applies algorithms in list order at each event: the clipping first, then the user's
-    return Optimization(optimizer, scheduler, [*clipping, *build_algorithms(cfg, device, precision)])
+    return Optimization(optimizer, scheduler, [*clipping, *build_algorithms(cfg, device, precision)],
+                        group_settings(optimizer))
 
 
 def build_outputs(cfg: TrainConfig, model: ComposerGPT, folder: RunFolder, device: str,
@@ -363,7 +388,7 @@ def build_outputs(cfg: TrainConfig, model: ComposerGPT, folder: RunFolder, devic
     # StopOnNonFinite comes before ExportModel: it checks the weights the export is about to write (and Composer
     # runs its CheckpointSaver after every callback)
     callbacks = [SpeedMonitor(window_size=cfg.speed_window), LRMonitor(), RuntimeEstimator(time_unit="seconds"),
-                 StopOnNonFinite(cfg.learning_rate, cfg.save_interval), preemption := StopOnSignal(),
+                 StopOnNonFinite(divergence_causes(cfg), cfg.save_interval), preemption := StopOnSignal(),
                  CheckpointClock(cfg.preemption_grace_s, uploads),
                  ExportModel(cfg.save_interval, run_dir, folder.remote_name(EXPORT_NAME))]
     if device == "gpu":
@@ -382,6 +407,14 @@ def build_outputs(cfg: TrainConfig, model: ComposerGPT, folder: RunFolder, devic
     if not any(getattr(c, "dataloader_label", None) == "train" for c in callbacks):
         model.train_metrics = {}  # no stopper watches them: Composer would update, compute and log them every batch
     return Outputs(loggers, callbacks, metrics_log, preemption, uploads)
+
+
+def divergence_causes(cfg: TrainConfig) -> str:
+    """What the NaN stop's line tells the user to change: the learning rates in use (Muon's too), the warmup, and
+    the gradient clipping when it is off."""
+    muon = f" or --muon_lr (now {cfg.muon_lr:g})," if cfg.optimizer == "muon" else ""
+    clip = "" if cfg.grad_clip else " (gradient clipping is off: e.g. --grad_clip=1.0)"
+    return f"lower --learning_rate (now {cfg.learning_rate:g}){muon} or raise --warmup{clip}"
 
 
 def fit_and_report(trainer: Trainer, out: Outputs, cfg: TrainConfig, folder: RunFolder, world: World, device: str,
@@ -430,7 +463,7 @@ def run_info(cfg: TrainConfig, world_size: int, device: str, precision: str, dat
                                 cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         commit = None
-    return {"config": dataclasses.asdict(cfg), "world_size": world_size, "device": device, "precision": precision,
+    return {"config": used_settings(cfg), "world_size": world_size, "device": device, "precision": precision,
             "gpu": torch.cuda.get_device_name(0) if device == "gpu" else None, "git_commit": commit,
             "python": platform.python_version(), "torch": torch.__version__, "composer": composer.__version__,
             "streaming": streaming.__version__, "numpy": np.__version__, "host": platform.node(),
@@ -447,7 +480,7 @@ def write_run_info(trainer: Trainer, cfg: TrainConfig, folder: RunFolder, world:
         atomic_write_text(path, mask_secrets(json.dumps(info, indent=2)) + "\n")
         if folder.remote:
             trainer.logger.upload_file(folder.remote_name(CONFIG_JSON), path, overwrite=True)
-    trainer.logger.log_hyperparameters(dataclasses.asdict(cfg))
+    trainer.logger.log_hyperparameters(used_settings(cfg))
 
 
 def fit(trainer: Trainer, folder: RunFolder) -> None:

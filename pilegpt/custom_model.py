@@ -7,6 +7,7 @@ GPT. The class is imported only where the user names it (train.py's model_class,
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import NamedTuple, Optional
 
 import torch
@@ -58,30 +59,50 @@ def build(spec: ModelSpec, setting: str = "model_class") -> nn.Module:
 
 
 def check_forward(module: nn.Module, name: str, block_size: int, vocab_size: int) -> None:
-    """One tiny forward pass with targets (a private RNG stream, no gradient): it must return (logits (B, T, V),
-    scalar loss) with V >= vocab_size, and a context length, when the module states one, of >= block_size."""
+    """Tiny forward passes with targets (a private RNG stream, no gradient), on a (1, 4) batch and on one of the run's
+    block_size: each must return (logits (B, T, V), scalar loss) with V >= vocab_size; a context length, when the
+    module states one, must be >= block_size. A model right at T=4 but wrong at block_size (a position table of 16
+    rows, logits for fewer positions) is one line here, not a traceback in the first batch or in sample.py."""
     context = context_length(module)
     if context is not None and context < block_size:
         raise UserError(f"model_class: {name} has a context of {context} tokens, less than block_size={block_size}: "
                         "raise it in model_args or lower --block_size")
-    T = min(block_size, 4)
+    for T in dict.fromkeys((min(block_size, 4), block_size)):
+        check_forward_at(module, name, T, vocab_size,
+                         "" if T <= 4 else f" (block_size: fix {name}.forward for the run's sequences or lower "
+                                           "--block_size)")
+
+
+def check_forward_at(module: nn.Module, name: str, T: int, vocab_size: int, fix: str) -> None:
+    """One forward pass on a (1, T) batch of token 0, checked against the contract; `fix` ends each error line."""
     idx = torch.zeros((1, T), dtype=torch.long)
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         try:
             out = module(idx, targets=idx)
         except Exception as e:
             raise UserError(f"model_class: {name}.forward(idx, targets) failed on a (1, {T}) batch: "
-                            f"{type(e).__name__}: {one_line(e)}") from None
+                            f"{type(e).__name__}: {one_line(e)}{fix}") from None
     if not (isinstance(out, tuple) and len(out) == 2 and torch.is_tensor(out[0]) and torch.is_tensor(out[1])):
         raise UserError(f"model_class: {name}.forward(idx, targets) must return (logits, loss), two tensors; it "
                         f"returned {type(out).__name__}")
     logits, loss = out
     if logits.dim() != 3 or tuple(logits.shape[:2]) != (1, T) or loss.numel() != 1:
         raise UserError(f"model_class: {name}.forward(idx, targets) must return logits (B, T, V) and a scalar loss; "
-                        f"on a (1, {T}) batch they were {tuple(logits.shape)} and {tuple(loss.shape)}")
+                        f"on a (1, {T}) batch they were {tuple(logits.shape)} and {tuple(loss.shape)}{fix}")
     if logits.size(-1) < vocab_size:
         raise UserError(f"model_class: {name} predicts {logits.size(-1)} tokens, fewer than vocab_size={vocab_size} "
                         "(the data's): raise its vocabulary in model_args")
+
+
+def unused_settings_note(cls: type, name: str, unused: list[str]) -> str:
+    """The line that says train.py's GPT settings (`unused`: "n_layer=7", ...) do nothing for model_class `name`, and
+    which of them its constructor takes, to set in model_args instead."""
+    params = inspect.signature(cls.__init__).parameters
+    takes = [setting.split("=")[0] for setting in unused if setting.split("=")[0] in params]
+    where = (f"; {cls.__name__} takes {', '.join(takes)}: set {'them' if len(takes) > 1 else 'it'} in model_args"
+             if takes else "; set the model's own shape in model_args")
+    return (f"note: model_class={name}: {', '.join(unused)} shape model.py's GPT only and are not used (config.json "
+            f"leaves them out){where}")
 
 
 def stated(module: nn.Module, name: str) -> Optional[int]:

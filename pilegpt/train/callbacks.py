@@ -185,8 +185,8 @@ class StopOnNonFinite(Callback):
     Composer runs its CheckpointSaver after every callback. Weights that overflow between two checkpoints make the
     next batch's loss non-finite, which stops the run there."""
 
-    def __init__(self, learning_rate: float, save_interval: str):
-        self.learning_rate = learning_rate
+    def __init__(self, causes: str, save_interval: str):
+        self.causes = causes  # the settings to change, as train.py names them: "lower --learning_rate (now 0.003)"
         self.should_check = create_interval_scheduler(save_interval)  # the CheckpointSaver's and ExportModel's
         self.last_checked = -1
 
@@ -214,8 +214,8 @@ class StopOnNonFinite(Callback):
 
     def stop(self, what: str, state: State) -> None:
         raise UserError(f"the {what} went NaN or infinite at batch {int(state.timestamp.batch)}, so the run "
-                        f"stopped before saving it: lower --learning_rate (now {self.learning_rate:g}) or raise "
-                        f"--warmup, then continue from the last good checkpoint with --autoresume=True")
+                        f"stopped before saving it: {self.causes}, then continue from the last good checkpoint "
+                        "with --autoresume=True")
 
 
 def ends_with_newline(path: str) -> bool:

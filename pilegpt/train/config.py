@@ -26,6 +26,7 @@ from pilegpt.common import UserError
 ARCH_FIELDS = ("pos_emb", "rope_theta", "norm", "mlp", "n_kv_head", "qk_norm", "tie_embeddings", "logit_softcap")
 SHAPE_FIELDS = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "bias", *ARCH_FIELDS)
 CUSTOM_MODEL_FIELDS = ("model_class", "model_args")  # your own model instead of the GPT (custom_model.py)
+GPT_ONLY_FIELDS = ("n_layer", "n_head", "n_embd", "bias", *ARCH_FIELDS, "dropout")  # shape nothing of a model_class
 DATA_KEYS = ("data_dir", "data_remote", "data_mix")  # three ways to name the data: one per run
 
 
@@ -115,11 +116,30 @@ class TrainConfig:
         """Cross-field rules; a ValueError listing every broken one. Model-shape rules live in GPTConfig."""
         from pilegpt.train.extensions import check_algorithms, check_callbacks
 
-        errors = (self._check_shape() + self._check_data() + self._check_batches() + self._check_optimizer()
-                  + self._check_schedule() + self._check_eval() + self._check_system() + self._check_save()
-                  + check_algorithms(self.algorithms, self.grad_clip) + check_callbacks(self.callbacks))
+        errors = self._check_finite() or (
+            self._check_shape() + self._check_data() + self._check_batches() + self._check_optimizer()
+            + self._check_schedule() + self._check_eval() + self._check_system() + self._check_save()
+            + check_algorithms(self.algorithms, self.grad_clip) + check_callbacks(self.callbacks))
+        errors += self._check_float_ranges() if not errors else []
         if errors:
             raise ValueError("; ".join(errors))
+
+    def _check_finite(self) -> list[str]:
+        """Every float setting is a finite number (1e999 is inf in Python; nan compares false to every bound)."""
+        import math
+
+        return [f"{f.name} must be a finite number, got {getattr(self, f.name)!r}" for f in dataclasses.fields(self)
+                if isinstance(getattr(self, f.name), float) and not math.isfinite(getattr(self, f.name))]
+
+    def _check_float_ranges(self) -> list[str]:
+        """The float settings that no other rule bounds: each inside the range where it means something."""
+        errors = [f"{k} must be in [0, 1), got {getattr(self, k)}" for k in ("beta1", "beta2")
+                  if not 0 <= getattr(self, k) < 1]  # dropout, rope_theta and logit_softcap: GPTConfig's rules
+        if self.weight_decay < 0:
+            errors.append(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if self.dist_timeout > 1e6:  # a timedelta for torch.distributed: 1e300 s overflows it
+            errors.append(f"dist_timeout must be at most 1e6 seconds (11.6 days), got {self.dist_timeout:g}")
+        return errors
 
     def _check_shape(self) -> list[str]:
         """The model's shape (GPTConfig's rules) and the global batch."""
@@ -141,6 +161,9 @@ class TrainConfig:
         if self.model_args and not self.model_class:
             return ["model_args are a model_class's constructor arguments, but model_class is '' (model.py's GPT, "
                     "shaped by n_layer, n_head, n_embd, ...): set model_class or drop model_args"]
+        if (unsaved := unsaveable(self.model_args)) is not None:
+            return [f"model_args={self.model_args!r} cannot be saved in config.json and the checkpoints ({unsaved}): "
+                    "use numbers, strings, lists and dicts"]
         if self.model_class and self.init_from != "scratch":
             return [f"init_from={self.init_from} loads weights into model.py's GPT, but model_class="
                     f"{self.model_class} is your own model: it starts from scratch (or continues with autoresume)"]
@@ -310,6 +333,24 @@ class TrainConfig:
             raise UserError(f"the per-process batch ({self.global_batch_size} / {world_size} = {per_rank}) must be "
                             f"a multiple of device_train_microbatch_size ({mb}); e.g. {fits[-1]}")
         return per_rank
+
+
+def unsaveable(value: Any) -> Optional[str]:
+    """Why `value` cannot be written as JSON (a set, an object, a cycle), or None when it can."""
+    import json
+
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError) as e:
+        return str(e)
+    return None
+
+
+def saved_form(value: Any) -> str:
+    """A setting as config.json holds it, as comparable text: a tuple is a list there, a dict key a string."""
+    import json
+
+    return json.dumps(json.loads(json.dumps(value)), sort_keys=True)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -504,6 +545,21 @@ def usage(intro: str = "") -> str:
     return "\n".join(lines)
 
 
+def used_settings(cfg: TrainConfig) -> dict[str, Any]:
+    """The settings the run uses, by name (config.json, the trackers, the start-up lines): with a model_class,
+    without model.py's GPT's own (GPT_ONLY_FIELDS), which shape nothing of it."""
+    return {k: v for k, v in dataclasses.asdict(cfg).items() if not (cfg.model_class and k in GPT_ONLY_FIELDS)}
+
+
+def unused_gpt_settings(cfg: TrainConfig) -> list[str]:
+    """With a model_class, the GPT_ONLY_FIELDS set to other than their defaults ("n_layer=7"): settings that do
+    nothing in this run."""
+    defaults = TrainConfig.__dataclass_fields__
+    return [f"{k}={getattr(cfg, k)!r}" for k in GPT_ONLY_FIELDS
+            if cfg.model_class and getattr(cfg, k) != defaults[k].default]
+
+
 def config_text(cfg: TrainConfig) -> str:
-    width = max(len(f.name) for f in dataclasses.fields(cfg))
-    return "\n".join(f"  {k:<{width}} = {v!r}" for k, v in dataclasses.asdict(cfg).items())
+    settings = used_settings(cfg)
+    width = max(len(k) for k in settings)
+    return "\n".join(f"  {k:<{width}} = {v!r}" for k, v in settings.items())

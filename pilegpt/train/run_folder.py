@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import NamedTuple, Optional
 
+import torch
 from composer.utils import dist
 
 from pilegpt import compat, storage
@@ -20,7 +21,7 @@ from pilegpt.checkpoint import existing_checkpoints
 from pilegpt.common import UserError, atomic_write_text, check_writable_folder
 from pilegpt.s3 import S3Dir
 from pilegpt.train import cluster, data_record, lock
-from pilegpt.train.config import CUSTOM_MODEL_FIELDS, SHAPE_FIELDS, TrainConfig
+from pilegpt.train.config import CUSTOM_MODEL_FIELDS, SHAPE_FIELDS, TrainConfig, saved_form
 from pilegpt.train.loaders import refresh_mds_cache
 from pilegpt.train.resume import set_aside_broken_checkpoints
 
@@ -106,18 +107,53 @@ def repair_checkpoints(cfg: TrainConfig, save_folder: str, world: cluster.World,
 
 
 def check_same_model(cfg: TrainConfig, run_dir: str, save_folder: str) -> None:
-    """Autoresume loads the checkpoint into this config's model: refuse, in one line, a model of another shape
-    than the one the run's config.json records (Composer itself fails with a KeyError deep in the load)."""
+    """Autoresume loads the checkpoint into this config's model and optimizer: refuse, in one line, a model of another
+    shape, or another optimizer, than the run's config.json records (Composer itself fails with a KeyError deep in the
+    load, or loads AdamW's learning rates into Muon's groups)."""
     path = os.path.join(run_dir, CONFIG_JSON)
     if not os.path.isfile(path):
         return
-    saved = json.loads(open(path).read()).get("config", {})
+    saved = saved_config(path)
+    fix = f"resume with the run's settings ({path}) or start a new run with another --run_name"
+    if "optimizer" in saved and saved["optimizer"] != cfg.optimizer:
+        raise UserError(f"autoresume: the checkpoints in {save_folder} are of optimizer {saved['optimizer']}; this "
+                        f"run asks for {cfg.optimizer}: {fix}")
     changed = [f"{k}={getattr(cfg, k)!r} (the run has {saved[k]!r})" for k in (*SHAPE_FIELDS, *CUSTOM_MODEL_FIELDS)
-               if k in saved and saved[k] != getattr(cfg, k)]
+               if k in saved and saved_form(saved[k]) != saved_form(getattr(cfg, k))]  # (64,) went in as [64]
     if changed:
-        raise UserError(f"autoresume: the checkpoints in {save_folder} are of "
-                        f"another model: {', '.join(changed)}; resume with the run's settings ({path}) or start a "
+        raise UserError(f"autoresume: the checkpoints in {save_folder} are of another model: {', '.join(changed)}; "
+                        f"{fix}")
+
+
+def saved_config(path: str) -> dict:
+    """The settings a run's config.json records; a damaged file is one line."""
+    try:
+        saved = json.loads(Path(path).read_text()).get("config")
+    except (ValueError, AttributeError):
+        saved = None
+    if not isinstance(saved, dict):
+        raise UserError(f"{path} is damaged (not train.py's record of the run): restore it from a copy, or move it "
+                        "away to resume without comparing the run's settings")
+    return saved
+
+
+def check_optimizer_state(checkpoint: object, optimizer: torch.optim.Optimizer, name: str) -> object:
+    """A checkpoint autoresume reads must hold the state of this run's optimizer: Composer only warns that it is
+    missing and trains on with a fresh one in the checkpoint's schedule (a backstop for a run without config.json,
+    e.g. an s3:// run resumed on another machine). Returns the checkpoint."""
+    state = checkpoint.get("state") if isinstance(checkpoint, dict) else None
+    saved = state.get("optimizers") if isinstance(state, dict) else None
+    ours = type(optimizer).__qualname__
+    if isinstance(saved, dict) and saved and ours not in saved:
+        raise UserError(f"autoresume: the checkpoint {name} is of optimizer {optimizer_setting(next(iter(saved)))}; "
+                        f"this run asks for {optimizer_setting(ours)}: resume with the run's --optimizer or start a "
                         "new run with another --run_name")
+    return checkpoint
+
+
+def optimizer_setting(class_name: str) -> str:
+    """The optimizer setting that makes an optimizer class (train.py's AdamW or Muon), else the class name."""
+    return {"AdamW": "adamw", "Muon": "muon"}.get(class_name, class_name)
 
 
 def record_data(folder: RunFolder, world: cluster.World) -> tuple[TrainConfig, str]:

@@ -20,6 +20,8 @@ from helpers import (
     failed_with_one_line,
     finish,
     losses_by_batch,
+    main_error,
+    read_jsonl,
     run_train,
     start_s3_server,
     start_train,
@@ -108,6 +110,56 @@ def test_resuming_with_another_model_shape_is_one_line(random_bin, tmp_path, cap
     assert failed_with_one_line(result) == (
         f"error: autoresume: the checkpoints in {run_dir} are of another model: n_layer=3 (the run has 2); resume "
         f"with the run's settings ({run_dir / 'config.json'}) or start a new run with another --run_name")
+
+
+def test_resuming_with_another_optimizer_is_one_line_also_without_config_json(random_bin, tmp_path, capsys):
+    # adamw -> muon resumed with AdamW's lrs in Muon's groups (and norms at 0), muon -> adamw with Muon's lr on
+    # every 2-D weight: refused, from config.json, and from the checkpoint itself when config.json is not there
+    for first, then in (("adamw", "muon"), ("muon", "adamw")):
+        run_dir = tmp_path / first
+        args = [f"--data_dir={random_bin}", *ARGS, f"--save_folder={run_dir}", "--max_duration=3ba"]
+        train_here(*args, f"--optimizer={first}", capsys=capsys)
+        before = sorted(p.name for p in run_dir.iterdir())
+        result = run_train([*args, "--max_duration=6ba", "--autoresume=True", f"--optimizer={then}"], tmp_path)
+        assert failed_with_one_line(result) == (
+            f"error: autoresume: the checkpoints in {run_dir} are of optimizer {first}; this run asks for {then}: "
+            f"resume with the run's settings ({run_dir / 'config.json'}) or start a new run with another --run_name")
+        assert sorted(p.name for p in run_dir.iterdir()) == before
+    (run_dir / "config.json").unlink()  # the muon run: its checkpoint alone tells
+    error = main_error(train.main, [*args, "--max_duration=6ba", "--autoresume=True", "--optimizer=adamw"], capsys,
+                       alone=False)
+    assert error == (f"error: autoresume: the checkpoint {run_dir / 'ep0-ba3-rank0.pt'} is of optimizer muon; this run "
+                     "asks for adamw: resume with the run's --optimizer or start a new run with another --run_name")
+    assert sorted(p.name for p in run_dir.glob("ep*")) == ["ep0-ba3-rank0.pt"]
+
+
+def test_changed_learning_rates_and_decay_on_autoresume_are_used_and_said(random_bin, tmp_path, capsys):
+    # Composer restores every group's lr, weight decay and betas and the schedule's base lrs from the checkpoint: the
+    # new values were ignored in silence while config.json recorded them (and the NaN stop's advice, "lower
+    # --learning_rate, then --autoresume", did nothing)
+    args = [f"--data_dir={random_bin}", *ARGS, "--optimizer=muon", "--eval_interval=100ba", "--sample_length=0"]
+    new = ["--learning_rate=1e-3", "--muon_lr=0.01", "--weight_decay=0.0", "--beta2=0.99"]
+    reference, run_dir = tmp_path / "reference", tmp_path / "run"
+    train_here(*args, *new, f"--save_folder={reference}", "--max_duration=6ba", capsys=capsys)
+    train_here(*args, f"--save_folder={run_dir}", "--max_duration=3ba", capsys=capsys)
+    out = succeeded(run_train([*args, *new, f"--save_folder={run_dir}", "--max_duration=6ba", "--autoresume=True"],
+                              tmp_path))
+    assert ("autoresume: this run's muon_lr=0.01 (was 0.02), weight_decay=0 (was 0.1), beta2=0.99 (was 0.95), "
+            "learning_rate=0.001 (was 0.003) replace the checkpoint's from batch 3 on (the moments and momentum are "
+            "the checkpoint's)") in out.splitlines()
+    lrs = {path: {r["batch"]: (r["lr"], r["muon_lr"]) for r in read_jsonl(path / "metrics.jsonl") if "lr" in r}
+           for path in (reference, run_dir)}
+    assert lrs[run_dir][3] == (3e-3, 0.02)  # the run's own schedule up to the checkpoint
+    for batch in (4, 5, 6):  # then the schedule of a run that had the new settings from the start
+        assert lrs[run_dir][batch] == pytest.approx(lrs[reference][batch], rel=1e-12)
+    groups = checkpoint_state(run_dir / "ep0-ba6-rank0.pt")["optimizers"]["Muon"]["param_groups"]
+    assert [(g["initial_lr"], g["weight_decay"], tuple(g["betas"])) for g in groups] == [
+        (0.01, 0.0, (0.9, 0.99)), (1e-3, 0.0, (0.9, 0.99)), (1e-3, 0.0, (0.9, 0.99))]
+    recorded = json.loads((run_dir / "config.json").read_text())["config"]
+    assert (recorded["learning_rate"], recorded["muon_lr"], recorded["weight_decay"]) == (1e-3, 0.01, 0.0)
+    again = train_here(*args, *new, f"--save_folder={run_dir}", "--max_duration=9ba", "--autoresume=True",
+                       capsys=capsys)
+    assert "autoresume: this run's" not in again  # the run's settings now: nothing to replace
 
 
 @pytest.mark.s3

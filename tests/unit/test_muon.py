@@ -192,3 +192,45 @@ def test_muon_settings_are_checked_and_fsdp_is_refused():
         train_config.load_config([*DATA, "--muon_momentum=1.0"])
     with pytest.raises(UserError, match="muon_lr must be > 0"):
         train_config.load_config([*DATA, "--muon_lr=0"])
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before")  # no optimizer step here
+def test_on_resume_the_runs_settings_replace_those_a_checkpoint_restores():
+    from composer.core import State
+    from composer.devices import DeviceCPU
+    from composer.optim import CosineAnnealingWithWarmupScheduler
+    from composer.optim.scheduler import compile_composer_scheduler
+
+    from pilegpt.train.optim_settings import apply_group_settings, group_settings
+
+    def optimizer_and_schedule(muon_lr: float, adamw_lr: float, weight_decay: float, momentum: float):
+        model = tiny_gpt()
+        opt = Muon(muon_groups(model, weight_decay, muon_lr, adamw_lr), momentum=momentum)
+        built = group_settings(opt)
+        state = State(model=model, rank_zero_seed=0, run_name="x", device=DeviceCPU(), max_duration="10ba",
+                      optimizers=opt)
+        schedule = CosineAnnealingWithWarmupScheduler(t_warmup="2ba", alpha_f=0.1)
+        return opt, built, state, compile_composer_scheduler(schedule, state)
+
+    opt, _, state, scheduler = optimizer_and_schedule(0.02, 6e-4, 0.1, 0.95)
+    for _ in range(4):
+        state.timestamp = state.timestamp.to_next_batch(samples=1, tokens=1)
+        scheduler.step()
+    saved = copy.deepcopy((opt.state_dict(), scheduler.state_dict(), state.timestamp))
+    same = optimizer_and_schedule(0.02, 6e-4, 0.1, 0.95)  # the run resumed with its own settings: nothing moves
+    same[0].load_state_dict(saved[0]), same[3].load_state_dict(saved[1])
+    before = group_settings(same[0])
+    assert apply_group_settings(same[0], same[3], same[1]) == [] and group_settings(same[0]) == before
+    opt2, built, state2, scheduler2 = optimizer_and_schedule(0.01, 3e-4, 0.0, 0.9)  # resumed with new ones
+    opt2.load_state_dict(saved[0]), scheduler2.load_state_dict(saved[1])
+    state2.timestamp = saved[2]
+    assert [g["initial_lr"] for g in opt2.param_groups] == [0.02, 6e-4, 6e-4]  # what Composer's load leaves
+    assert apply_group_settings(opt2, scheduler2, built) == [
+        "muon_lr=0.01 (was 0.02)", "weight_decay=0 (was 0.1)", "muon_momentum=0.9 (was 0.95)",
+        "learning_rate=0.0003 (was 0.0006)"]
+    factor = same[0].param_groups[0]["lr"] / 0.02  # the schedule's factor at batch 4, the same for every group
+    assert [g["lr"] for g in opt2.param_groups] == pytest.approx([0.01 * factor, 3e-4 * factor, 3e-4 * factor])
+    assert scheduler2.base_lrs == [0.01, 3e-4, 3e-4] and opt2.param_groups[0]["momentum"] == 0.9
+    assert [g["weight_decay"] for g in opt2.param_groups] == [0.0, 0.0, 0.0]
+    with pytest.raises(UserError, match="the checkpoint's optimizer has 3 parameter groups, this run's 2"):
+        apply_group_settings(opt2, scheduler2, built[:2])

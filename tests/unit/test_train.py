@@ -81,7 +81,7 @@ def test_the_per_batch_nan_check_reads_the_logged_loss_and_checks_weights_only_b
         model.model.lm_head.weight[0, 0] = float("nan")
     state = SimpleNamespace(model=model, total_loss_dict={"loss/train/total": 2.5},
                             timestamp=SimpleNamespace(batch=7))
-    stop = StopOnNonFinite(learning_rate=1e-3, save_interval="100ba")
+    stop = StopOnNonFinite("lower --learning_rate (now 0.001) or raise --warmup", save_interval="100ba")
     stop.batch_end(state, None)  # a finite loss: the weights are not read on an ordinary batch
     with pytest.raises(UserError, match="the weights went NaN or infinite at batch 7"):
         stop.run_event(Event.FIT_END, state, None)  # before the final checkpoint and export

@@ -1,0 +1,60 @@
+"""The run's optimizer settings on autoresume: Composer restores each parameter group's hyperparameters (lr,
+weight_decay, betas, Muon's momentum) and the schedule's base learning rates from the checkpoint, so that a changed
+learning_rate, muon_lr, weight_decay, beta1, beta2 or muon_momentum would be ignored in silence while config.json
+records the new value. Here the run's settings replace them; the optimizer's state (moments, momentum buffers, step
+counts) stays the checkpoint's. warmup, min_lr and max_duration need nothing: the schedule reads them each batch.
+
+    built = group_settings(optimizer)                     # before the Trainer loads a checkpoint into it
+    changes = apply_group_settings(optimizer, scheduler, built)   # after: ["learning_rate=0.001 (was 0.003)", ...]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from pilegpt.common import UserError
+
+# a group's key -> the setting that gives it (betas: beta1, beta2); other keys (eps, fused) are not settings
+SETTING_OF = {"weight_decay": "weight_decay", "momentum": "muon_momentum"}
+
+
+def group_settings(optimizer: torch.optim.Optimizer) -> list[dict]:
+    """Each parameter group's hyperparameters as the config built them ("lr" is the peak learning rate)."""
+    return [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+
+
+def apply_group_settings(optimizer: torch.optim.Optimizer, scheduler: Any, built: list[dict]) -> list[str]:
+    """Put the config's hyperparameters (`built`, group_settings before the checkpoint was loaded) back into the
+    restored groups, and its peak learning rates into the schedule (Composer's LambdaLR: base_lrs, each group's
+    initial_lr, and its lr now = peak x the schedule's factor now). Nothing is touched when none changed, so a resume
+    with the run's settings continues bit for bit. Returns the changed settings, one "setting=new (was old)" each."""
+    groups = optimizer.param_groups
+    if len(groups) != len(built):
+        raise UserError(f"autoresume: the checkpoint's optimizer has {len(groups)} parameter groups, this run's "
+                        f"{len(built)}: resume with the run's settings or start a new run with another --run_name")
+    differs = [any(group.get("initial_lr" if k == "lr" else k) != v for k, v in ours.items() if k != "betas")
+               or tuple(group.get("betas", ())) != tuple(ours.get("betas", ())) for group, ours in zip(groups, built)]
+    if not any(differs):
+        return []
+    changes = [change for group, ours in zip(groups, built) for change in setting_changes(group, ours)]
+    for i, (group, ours) in enumerate(zip(groups, built)):
+        group.update({k: v for k, v in ours.items() if k != "lr"})  # also eps, fused (a GPU run resumed on CPU)
+        group["initial_lr"] = scheduler.base_lrs[i] = ours["lr"]
+        group["lr"] = ours["lr"] * scheduler.lr_lambdas[i](scheduler.last_epoch)  # what LambdaLR.step computes
+    return list(dict.fromkeys(changes))  # AdamW's two groups share learning_rate
+
+
+def setting_changes(group: dict, ours: dict) -> list[str]:
+    """The settings in which the restored `group` differs from the config's `ours`, as "setting=new (was old)"."""
+    changes = []
+    peak = group.get("initial_lr", group.get("lr"))
+    if peak != ours["lr"]:
+        changes.append(f"{'muon_lr' if ours.get('muon') else 'learning_rate'}={ours['lr']:g} (was {peak:g})")
+    for key, setting in SETTING_OF.items():  # momentum: Muon's group's (AdamW's groups carry it unused)
+        if key in ours and group.get(key) != ours[key] and (key != "momentum" or ours.get("muon")):
+            changes.append(f"{setting}={ours[key]:g} (was {group.get(key):g})")
+    for name, old, new in zip(("beta1", "beta2"), group.get("betas", ()), ours.get("betas", ())):
+        changes += [f"{name}={new:g} (was {old:g})"] if old != new else []
+    return changes
