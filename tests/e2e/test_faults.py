@@ -86,6 +86,14 @@ def test_a_diverging_loss_stops_the_run_before_any_bad_checkpoint(random_bin, tm
     assert max(losses_by_batch(run_dir)) <= last + 2  # stopped within a couple of batches of the last save
 
 
+def test_a_diverging_muon_run_names_muon_lr_among_the_causes(random_bin, tmp_path):
+    result = run_train([f"--data_dir={random_bin}", *ARGS, f"--save_folder={tmp_path / 'run'}", "--max_duration=12ba",
+                        "--eval_interval=100ba", "--optimizer=muon", "--muon_lr=1e6"], tmp_path)
+    line = failed_with_one_line(result)
+    assert "went NaN or infinite at batch" in line, line
+    assert "lower --learning_rate (now 0.003) or --muon_lr (now 1e+06), or raise --warmup" in line, line
+
+
 def test_infinite_weights_are_never_checkpointed_or_exported(random_bin, tmp_path):
     # The loss of batch 6 is finite; the weights after its update are not, and batch 6 is a checkpoint batch
     # (no evaluation there: its loss would stop the run first).

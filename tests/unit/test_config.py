@@ -264,3 +264,23 @@ def test_ctrl_c_that_lands_inside_a_write_is_still_an_interrupt(capsys):
     with pytest.raises(SystemExit) as e:
         train.run_main(main, [])
     assert e.value.code == 130 and capsys.readouterr().err == "interrupted\n"
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("--logit_softcap=1e999", "logit_softcap must be a finite number, got inf"),  # NaN at batch 1, blamed on the lr
+    ("--rope_theta=1e-300", "rope_theta must be finite and >= 1 (RoPE's base; 10000 is usual), got 1e-300"),
+    ("--rope_theta=1e999", "rope_theta must be a finite number, got inf"),  # trained with every angle 0
+    ("--muon_lr=1e999", "muon_lr must be a finite number, got inf"),
+    ("--learning_rate=1e999", "learning_rate must be a finite number, got inf"),
+    ("--min_lr=1e999", "min_lr must be a finite number, got inf"),
+    ("--beta2=1", "beta2 must be in [0, 1), got 1.0"),
+    ("CONFIG", "logit_softcap must be a finite number, got nan"),  # a config file can hold what the flags cannot
+])
+def test_a_float_setting_that_is_not_finite_or_out_of_range_is_one_line_before_anything_is_written(
+        tmp_path, capsys, setting, message):
+    if setting == "CONFIG":
+        (tmp_path / "nan.py").write_text('logit_softcap = float("nan")\n')
+        setting = str(tmp_path / "nan.py")
+    error = main_error(train.main, [*DATA, "--pos_emb=rope", setting, f"--save_folder={tmp_path / 'run'}"], capsys)
+    assert error == f"error: bad config: {message}"
+    assert not (tmp_path / "run").exists()
