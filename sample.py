@@ -19,7 +19,7 @@ import torch
 
 from pilegpt.checkpoint import add_load_arguments, add_model_class_argument, load_model
 from pilegpt.common import UserError, load_dotenv_file, pick_device, run_main
-from pilegpt.custom_model import generate_tokens, stated
+from pilegpt.model_contract import generate_tokens, stated
 from pilegpt.tokenizer import EOT, EOT_ID, gpt2
 
 SEPARATOR = "-" * 40  # printed after each sample
@@ -92,7 +92,7 @@ def main(argv=None) -> int:
         rows = min(args.batch_size, args.num_samples - first)
         idx = torch.tensor([prompt] * rows, dtype=torch.long, device=device)  # (B, T)
         for _ in range(args.max_new_tokens):  # one token per call, so the bar moves
-            idx = generate_tokens(model, idx, 1, temperature=args.temperature, top_k=top_k)  # custom_model.py
+            idx = generate_tokens(model, idx, 1, temperature=args.temperature, top_k=top_k)  # model_contract.py
             bar.update()
         for row in idx.tolist():
             print(decode(row))

@@ -42,7 +42,7 @@ from composer.optim import CosineAnnealingWithWarmupScheduler
 from composer.utils import reproducibility
 
 from model import GPT, Block, GPTConfig
-from pilegpt import compat, custom_model
+from pilegpt import compat, model_contract
 from pilegpt.checkpoint import EXPORT_NAME, latest_checkpoint_name, load_for_resume
 from pilegpt.common import (
     UserError,
@@ -93,18 +93,18 @@ METRICS_JSONL = "metrics.jsonl"
 # The Composer model: model.py's GPT, its loss and metrics
 
 class ComposerGPT(ComposerModel):
-    """model.py's GPT, or the user's own module (custom_model.py's contract), as a ComposerModel: batch {"x", "y"}
+    """model.py's GPT, or the user's own module (model_contract.py's contract), as a ComposerModel: batch {"x", "y"}
     in, (logits (B, T, V), mean loss) out."""
 
     def __init__(self, config: GPTConfig, tokenizer: str = "gpt2", module: Optional[torch.nn.Module] = None,
-                 spec: Optional[custom_model.ModelSpec] = None):
+                 spec: Optional[model_contract.ModelSpec] = None):
         super().__init__()
         self.model, self.spec = (GPT(config), None) if module is None else (module, spec)
         if module is None:
             # Wrap each transformer block in its own FSDP unit (when FSDP is on); the root unit keeps the
             # embeddings, ln_f and the lm_head tied to wte.
             self.model.fsdp_wrap_fn = lambda module: isinstance(module, Block)
-        self._flops_per_token = custom_model.flops_per_token(self.model)  # before FSDP shards the parameters
+        self._flops_per_token = model_contract.flops_per_token(self.model)  # before FSDP shards the parameters
         self.train_metrics = {"LanguageCrossEntropy": CrossEntropyFromLoss(ignore_index=-1)}
         self.eval_metrics = {"LanguageCrossEntropy": CrossEntropyFromLoss(ignore_index=-1),
                              "LanguagePerplexity": PerplexityFromLoss(ignore_index=-1),
@@ -136,8 +136,8 @@ class ComposerGPT(ComposerModel):
         return self._flops_per_token * batch["x"].numel()
 
     def optim_groups(self, weight_decay: float) -> list[dict]:
-        """The parameter groups of AdamW (the GPT's own, a custom model's own or custom_model's default)."""
-        return custom_model.optim_groups(self.model, weight_decay)
+        """The parameter groups of AdamW (the GPT's own, a custom model's own or model_contract's default)."""
+        return model_contract.optim_groups(self.model, weight_decay)
 
     # The model's shape travels in its Composer checkpoints (state["model"]["_extra_state"]), so that sample.py,
     # export_hf.py and init_from can rebuild the GPT from a checkpoint alone (a custom model: its class and
@@ -263,18 +263,18 @@ def build_model(cfg: TrainConfig, pretrained: Pretrained, folder: RunFolder, wor
 
 
 def build_custom_model(cfg: TrainConfig, world: World) -> ComposerGPT:
-    """cfg.model_class(**cfg.model_args) in the same wrapper, its contract checked on a tiny batch (custom_model.py);
+    """cfg.model_class(**cfg.model_args) in the same wrapper, its contract checked on a tiny batch (model_contract.py);
     the model_class the user named is the only one ever imported (never one a checkpoint records)."""
-    spec = custom_model.ModelSpec(cfg.model_class, cfg.model_args)
-    module = custom_model.build(spec)
-    custom_model.check_forward(module, cfg.model_class, cfg.block_size, cfg.vocab_size)
+    spec = model_contract.ModelSpec(cfg.model_class, cfg.model_args)
+    module = model_contract.build(spec)
+    model_contract.check_forward(module, cfg.model_class, cfg.block_size, cfg.vocab_size)
     model = ComposerGPT(cfg.model_config(), data_tokenizer(cfg), module, spec)
     if world.rank == 0:
         n = sum(p.numel() for p in module.parameters())
         mfu = "" if model._flops_per_token is not None else "; it has no flops_per_token(): MFU is not reported"
         print(f"model_class={cfg.model_class}: {n / 1e6:.2f}M parameters{mfu}", flush=True)
         if unused := unused_gpt_settings(cfg):
-            print(custom_model.unused_settings_note(type(module), cfg.model_class, unused), flush=True)
+            print(model_contract.unused_settings_note(type(module), cfg.model_class, unused), flush=True)
     return model
 
 

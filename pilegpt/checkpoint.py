@@ -19,9 +19,9 @@ import torch
 import torch.nn as nn
 
 from model import GPT, GPTConfig
-from pilegpt import custom_model, s3, storage
+from pilegpt import model_contract, s3, storage
 from pilegpt.common import UserError, atomic_path
-from pilegpt.custom_model import ModelSpec
+from pilegpt.model_contract import ModelSpec
 
 EXPORT_NAME = "model.pt"  # file name of the weights-only export train.py writes into its save folder
 EXPORT_FORMAT = "pile-gpt-export-v1"  # tag inside the export file, checked on load
@@ -209,7 +209,7 @@ def load_model_file(path: str, n_head: Optional[int] = None, source: Optional[st
 
 
 # ----------------------------------------------------------------------------------------------------------
-# A custom model's weights (custom_model.py): rebuilt only with the class the user names
+# A custom model's weights (model_contract.py): rebuilt only with the class the user names
 
 def refuse_model_class(model_class: Optional[str], source: str) -> None:
     """A --model-class given for a file that holds model.py's GPT is a mistake: one line."""
@@ -243,7 +243,7 @@ def custom_model_from_weights(recorded: ModelSpec, state: dict, source: str, mod
                         f"{recorded.model_class} to rebuild it (a class named in a file is never imported)")
     if model_class != recorded.model_class:
         raise UserError(f"--model-class {model_class}, but {source} holds {recorded.model_class}: pass that one")
-    module = custom_model.build(ModelSpec(model_class, recorded.model_args), "--model-class")
+    module = model_contract.build(ModelSpec(model_class, recorded.model_args), "--model-class")
     try:
         module.load_state_dict(state)
     except RuntimeError as e:

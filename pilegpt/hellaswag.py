@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from pilegpt.common import UserError, download_once
-from pilegpt.custom_model import context_length
+from pilegpt.model_contract import context_length
 
 URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 VAL_EXAMPLES = 10_042  # lines of the official hellaswag_val.jsonl

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from pilegpt.common import UserError, download_once
-from pilegpt.custom_model import context_length
+from pilegpt.model_contract import context_length
 from pilegpt.zstd_reader import ZSTD_MAGIC, ZstdReader
 
 MIRROR = "https://huggingface.co/datasets/monology/pile-uncopyrighted/resolve/main"

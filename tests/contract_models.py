@@ -1,4 +1,4 @@
-"""Models of the user's own (custom_model.py's contract) for train.py's command line in tests, by import path
+"""Models of the user's own (model_contract.py's contract) for train.py's command line in tests, by import path
 (tests/ is on a train.py process's PYTHONPATH: helpers.train_env): one that takes a tuple, and ones that break the
 contract only where the check at T=4 never looked (at block_size, in hidden_matrices())."""
 

@@ -20,7 +20,7 @@ from composer.models import ComposerModel
 from composer.utils import create_interval_scheduler, dist, model_eval_mode
 
 from model import GPT, sample_next
-from pilegpt import compat, custom_model
+from pilegpt import compat, model_contract
 from pilegpt.checkpoint import EXPORT_NAME, save_export
 from pilegpt.common import UserError
 
@@ -127,7 +127,7 @@ class ExportModel(Callback):
                                                                                    cpu_offload=True))
             if dist.get_global_rank() != 0:
                 return
-            gpt = GPT(wrapper.model.config) if spec is None else custom_model.build(spec)
+            gpt = GPT(wrapper.model.config) if spec is None else model_contract.build(spec)
             gpt.load_state_dict(weights)
         else:
             if dist.get_global_rank() != 0:

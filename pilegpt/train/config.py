@@ -25,7 +25,7 @@ from pilegpt.common import UserError
 # GPTConfig's fields, but dropout: a run's checkpoints hold this model
 ARCH_FIELDS = ("pos_emb", "rope_theta", "norm", "mlp", "n_kv_head", "qk_norm", "tie_embeddings", "logit_softcap")
 SHAPE_FIELDS = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "bias", *ARCH_FIELDS)
-CUSTOM_MODEL_FIELDS = ("model_class", "model_args")  # your own model instead of the GPT (custom_model.py)
+CUSTOM_MODEL_FIELDS = ("model_class", "model_args")  # your own model instead of the GPT (model_contract.py)
 GPT_ONLY_FIELDS = ("n_layer", "n_head", "n_embd", "bias", *ARCH_FIELDS, "dropout")  # shape nothing of a model_class
 DATA_KEYS = ("data_dir", "data_remote", "data_mix")  # three ways to name the data: one per run
 

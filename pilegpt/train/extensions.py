@@ -157,7 +157,7 @@ def build_callbacks(specs: dict, device: str, metric_names: dict[str, list[str]]
     import composer.callbacks  # here, not at the top: TrainConfig imports this module to check names
     from composer.core import Callback
 
-    from pilegpt.custom_model import import_class
+    from pilegpt.model_contract import import_class
 
     callbacks = []
     for name, kwargs in specs.items():  # names were checked with the config (check_callbacks)

@@ -1,4 +1,4 @@
-"""Your own model by import path (pilegpt/custom_model.py): the resolver's and the contract's one-line errors,
+"""Your own model by import path (pilegpt/model_contract.py): the resolver's and the contract's one-line errors,
 train.py's wrapper around a tiny module of this file, and its weights saved and rebuilt only with the class named.
 End to end (train, kill, autoresume, sample, eval): tests/e2e/test_custom_model.py."""
 
@@ -12,10 +12,10 @@ import torch.nn.functional as F
 
 import train
 from helpers import main_error
-from pilegpt import custom_model
+from pilegpt import model_contract
 from pilegpt.checkpoint import load_model_file, save_export
 from pilegpt.common import UserError
-from pilegpt.custom_model import ModelSpec
+from pilegpt.model_contract import ModelSpec
 from pilegpt.train.config import make_config
 
 
@@ -73,7 +73,7 @@ def toy(monkeypatch):
 ])
 def test_the_resolver_names_what_is_wrong_in_one_line(toy, path, error):
     with pytest.raises(UserError) as e:
-        custom_model.import_class(path, "model_class")
+        model_contract.import_class(path, "model_class")
     assert str(e.value) == error
 
 
@@ -85,7 +85,7 @@ def test_the_resolver_names_what_is_wrong_in_one_line(toy, path, error):
 ])
 def test_a_class_that_breaks_the_contract_is_refused_when_built(toy, name, args, error):
     with pytest.raises(UserError) as e:
-        custom_model.build(ModelSpec(f"toy:{name}", args))
+        model_contract.build(ModelSpec(f"toy:{name}", args))
     assert str(e.value) == error
 
 
@@ -97,7 +97,7 @@ def test_a_class_that_breaks_the_contract_is_refused_when_built(toy, name, args,
 ])
 def test_a_forward_that_breaks_the_contract_is_one_line(module, block_size, vocab_size, error):
     with pytest.raises(UserError) as e:
-        custom_model.check_forward(module, "toy:X", block_size, vocab_size)
+        model_contract.check_forward(module, "toy:X", block_size, vocab_size)
     assert str(e.value).startswith("model_class: toy:X") and error in str(e.value)
 
 
@@ -115,7 +115,7 @@ def test_the_wrapper_trains_a_custom_module_with_the_default_groups_and_no_mfu(t
     torch.manual_seed(0)
     spec = ModelSpec("toy:TinyLM", {"vocab_size": 16})
     model = train.ComposerGPT(train.GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=16),
-                              module=custom_model.build(spec), spec=spec)
+                              module=model_contract.build(spec), spec=spec)
     batch = {"x": torch.randint(0, 16, (2, 8)), "y": torch.randint(0, 16, (2, 8))}
     logits, loss = model(batch)
     assert logits.shape == (2, 8, 16) and model.loss((logits, loss), batch) is loss
@@ -130,7 +130,7 @@ def test_the_wrapper_trains_a_custom_module_with_the_default_groups_and_no_mfu(t
 def test_the_wrapper_uses_a_custom_modules_own_groups_and_flops(toy):
     spec = ModelSpec("toy:CountedLM", {})
     model = train.ComposerGPT(train.GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=16),
-                              module=custom_model.build(spec), spec=spec)
+                              module=model_contract.build(spec), spec=spec)
     assert [g["weight_decay"] for g in model.optim_groups(0.1)] == [0.5]
     assert model.flops_per_batch({"x": torch.zeros((3, 8), dtype=torch.long)}) == 3 * 8 * 1000
     gpt = train.ComposerGPT(train.GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=16))
@@ -140,7 +140,7 @@ def test_the_wrapper_uses_a_custom_modules_own_groups_and_flops(toy):
 def test_a_custom_export_is_rebuilt_only_with_the_class_named(toy, tmp_path):
     torch.manual_seed(0)
     spec = ModelSpec("toy:TinyLM", {"vocab_size": 16})
-    module = custom_model.build(spec)
+    module = model_contract.build(spec)
     save_export(module, tmp_path / "model.pt", spec)
     path = str(tmp_path / "model.pt")
     with pytest.raises(UserError, match=r"holds your own model toy:TinyLM: pass --model-class toy:TinyLM to rebuild "
@@ -165,7 +165,7 @@ def test_a_gpt_file_with_a_model_class_is_one_line(tmp_path):
 def test_a_composer_checkpoint_of_a_custom_model_is_rebuilt_from_its_model_state(toy, tmp_path):
     spec = ModelSpec("toy:TinyLM", {"vocab_size": 16})
     model = train.ComposerGPT(train.GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=16),
-                              module=custom_model.build(spec), spec=spec)
+                              module=model_contract.build(spec), spec=spec)
     torch.save({"state": {"model": model.state_dict()}}, tmp_path / "ep0-ba1-rank0.pt")
     loaded = load_model_file(str(tmp_path / "ep0-ba1-rank0.pt"), model_class="toy:TinyLM")
     assert torch.equal(loaded.table.weight, model.model.table.weight)
@@ -175,7 +175,7 @@ def test_without_generate_the_sampler_loops_over_forward(toy):
     torch.manual_seed(0)
     module = TinyLM(vocab_size=16, block_size=3).eval()
     idx = torch.tensor([[1, 2]])
-    out = custom_model.generate_tokens(module, idx, 4, top_k=1)  # greedy: each token the argmax of the last logits
+    out = model_contract.generate_tokens(module, idx, 4, top_k=1)  # greedy: each token the argmax of the last logits
     expected = idx
     for _ in range(4):
         expected = torch.cat((expected, module(expected[:, -3:])[0][:, -1].argmax(-1, keepdim=True)), dim=1)
