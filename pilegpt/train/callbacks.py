@@ -45,6 +45,22 @@ def use_ema_weights(state: State) -> None:
             compat.activate_ema_weights(algorithm, state)
 
 
+class OncePerBatch:
+    """A callback's work done at most once a batch, however many of its events come at that batch (an evaluation
+    and the end of the run, a checkpoint and the end)."""
+
+    def __init__(self):
+        self.last = -1
+
+    def new_batch(self, state: State) -> Optional[int]:
+        """The batch, the first time it is asked at this batch; None after that."""
+        batch = int(state.timestamp.batch)
+        if batch == self.last:
+            return None
+        self.last = batch
+        return batch
+
+
 class SampleText(Callback):
     """Generates a short text from the model after each evaluation and at the end of training (printed by rank 0)."""
 
@@ -55,7 +71,7 @@ class SampleText(Callback):
         self.enc, self.prompt_ids = gpt2(), gpt2().encode_ordinary(prompt) or [EOT_ID]
         self.max_new_tokens, self.block_size = max_new_tokens, block_size
         self.temperature, self.top_k, self.seed = temperature, top_k, seed
-        self.last_batch = -1
+        self.once = OncePerBatch()
 
     def eval_after_all(self, state: State, logger: Logger) -> None:
         self._sample(state, logger)
@@ -65,10 +81,9 @@ class SampleText(Callback):
 
     @torch.no_grad()
     def _sample(self, state: State, logger: Logger) -> None:
-        batch = int(state.timestamp.batch)
-        if batch == self.last_batch:
+        batch = self.once.new_batch(state)
+        if batch is None:
             return
-        self.last_batch = batch
         wrapper = composer_model(state)
         if not state.fsdp_enabled and dist.get_global_rank() != 0:
             return  # under FSDP every rank must run the forward passes together
@@ -105,7 +120,7 @@ class ExportModel(Callback):
         self.should_export = create_interval_scheduler(save_interval)
         self.local_path = os.path.join(local_dir, EXPORT_NAME)
         self.remote_name = remote_name  # object key under the S3 bucket, or None for a local save_folder
-        self.last_batch = -1
+        self.once = OncePerBatch()
 
     def run_event(self, event: Event, state: State, logger: Logger) -> None:
         if event in (Event.BATCH_CHECKPOINT, Event.EPOCH_CHECKPOINT) and self.should_export(state, event):
@@ -114,10 +129,9 @@ class ExportModel(Callback):
             self.export(state, logger)
 
     def export(self, state: State, logger: Logger) -> None:
-        batch = int(state.timestamp.batch)
-        if batch == self.last_batch:
+        batch = self.once.new_batch(state)
+        if batch is None:
             return
-        self.last_batch = batch
         use_ema_weights(state)
         wrapper = composer_model(state)
         spec = getattr(wrapper, "spec", None)  # a custom model's ModelSpec (train.ComposerGPT), else None: a GPT
@@ -147,16 +161,15 @@ class HellaSwagEval(Callback):
         from pilegpt import hellaswag
 
         self.examples = hellaswag.load_examples(data, limit=count if count > 0 else None)
-        self.batch_size, self.last_batch = batch_size, -1
+        self.batch_size, self.once = batch_size, OncePerBatch()
 
     def eval_after_all(self, state: State, logger: Logger) -> None:
         from pilegpt import hellaswag
         from pilegpt.tokenizer import gpt2
 
-        batch = int(state.timestamp.batch)
-        if batch == self.last_batch:
+        batch = self.once.new_batch(state)
+        if batch is None:
             return
-        self.last_batch = batch
         world, rank = dist.get_world_size(), dist.get_global_rank()
         mine = self.examples[rank::world]
         padding = -(-len(self.examples) // world) - len(mine)  # every rank runs as many forward passes (FSDP)
@@ -188,7 +201,7 @@ class StopOnNonFinite(Callback):
     def __init__(self, causes: str, save_interval: str):
         self.causes = causes  # the settings to change, as train.py names them: "lower --learning_rate (now 0.003)"
         self.should_check = create_interval_scheduler(save_interval)  # the CheckpointSaver's and ExportModel's
-        self.last_checked = -1
+        self.once = OncePerBatch()
 
     def batch_end(self, state: State, logger: Logger) -> None:  # after the optimizer step, before evaluation
         loss = state.total_loss_dict.get("loss/train/total") if state.total_loss_dict else None
@@ -198,8 +211,7 @@ class StopOnNonFinite(Callback):
     def run_event(self, event: Event, state: State, logger: Logger) -> None:
         super().run_event(event, state, logger)
         due = event in (Event.BATCH_CHECKPOINT, Event.EPOCH_CHECKPOINT) and self.should_check(state, event)
-        if (due or event == Event.FIT_END) and int(state.timestamp.batch) != self.last_checked:
-            self.last_checked = int(state.timestamp.batch)
+        if (due or event == Event.FIT_END) and self.once.new_batch(state) is not None:
             params = [p.detach() for p in composer_model(state).parameters()]
             largest = torch.nn.utils.get_total_norm(params, norm_type=math.inf).float().reshape(1)  # NaN if any
             bad = (~torch.isfinite(largest)).float()

@@ -60,13 +60,14 @@ class Muon(torch.optim.Optimizer):
                 self._adamw_step(group)
         return loss
 
+    def _with_gradients(self, group: dict):
+        """(parameter, its state) for each parameter of the group that has a gradient this step."""
+        return ((p, self.state[p]) for p in group["params"] if p.grad is not None)
+
     def _muon_step(self, group: dict) -> None:
         """buf <- m buf + (1 - m) g; the Nesterov direction (1 - m) g + m buf, orthogonalised and scaled."""
         lr, m = group["lr"], group["momentum"]
-        for p in group["params"]:
-            if p.grad is None:
-                continue
-            state = self.state[p]
+        for p, state in self._with_gradients(group):
             if "momentum_buffer" not in state:
                 state["momentum_buffer"] = torch.zeros_like(p)
             buf = state["momentum_buffer"]
@@ -81,10 +82,7 @@ class Muon(torch.optim.Optimizer):
     def _adamw_step(self, group: dict) -> None:
         """torch.optim.AdamW's step for this group, through its functional form, with the same state keys."""
         params, grads, exp_avgs, exp_avg_sqs, steps = [], [], [], [], []
-        for p in group["params"]:
-            if p.grad is None:
-                continue
-            state = self.state[p]
+        for p, state in self._with_gradients(group):
             if not state:  # as AdamW: a CPU float step counter, unless fused (then on the parameter's device)
                 state["step"] = (torch.zeros((), dtype=torch.float32, device=p.device) if group["fused"]
                                  else torch.tensor(0.0))
