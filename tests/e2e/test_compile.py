@@ -24,7 +24,8 @@ def test_compiled_run_equals_eager_checkpoints_resumes_and_exports(preset, shake
     train_main([*args, f"--save_folder={compiled}", "--compile=True"])
     want = losses_by_batch(eager)
     assert sorted(want) == [1, 2, 3, 4, 5, 6]
-    # inductor fuses and reorders eager's float32 arithmetic: the losses differ by rounding (drift measured below)
+    # inductor fuses and reorders eager's float32 arithmetic: the losses differ by rounding, at most 9.5e-7 measured
+    # (PILEGPT_DRIFT_LOG, 5 runs of each preset); 1e-4 leaves room for other CPUs' kernels
     assert_same_losses(losses_by_batch(compiled), want, want, atol=1e-4)
     val = [r["val_loss"] for r in read_jsonl(compiled / "metrics.jsonl") if "val_loss" in r]
     want_val = [r["val_loss"] for r in read_jsonl(eager / "metrics.jsonl") if "val_loss" in r]
