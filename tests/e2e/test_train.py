@@ -31,6 +31,7 @@ from helpers import (
     succeeded,
     write_bin,
 )
+from pilegpt.train.loaders import mds_cache_dir
 
 GOLDEN = REPO / "tests" / "golden" / "tiny_losses.json"
 GOLDEN_TOKENS = 40_000  # of tiny Shakespeare, 90% train / 10% val
@@ -160,7 +161,9 @@ def test_two_processes_train_data_parallel_on_different_mds_samples_from_s3_and_
     assert {"runs/s3run/ep0-ba3-rank0.pt", "runs/s3run/model.pt", "runs/s3run/config.json"} <= keys
     assert any(k.startswith("runs/s3run/logs/") and k.endswith("-rank0.txt") for k in keys)
     assert any(k.endswith("-metrics.jsonl") for k in keys)
-    assert (tmp_path / "cache" / f"{s3_env.bucket}_pile_mds" / "train" / "index.json").is_file()
+    cached = Path(mds_cache_dir(str(tmp_path / "cache"), remote, "train"))
+    assert cached.parent.parent == tmp_path / "cache" and cached.parent.name.startswith(f"{s3_env.bucket}_pile_mds-")
+    assert (cached / "index.json").is_file()
 
 
 def test_a_run_without_validation_data_trains_and_never_evaluates(shakespeare_tokens, tmp_path, capsys):
