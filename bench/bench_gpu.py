@@ -2,7 +2,7 @@
 and the data loader alone; one markdown table, ratios against eager-50257-fixed, and a recommendation.
 
 Usage:
-    python bench/bench_gpu.py --out $OUT/bench_gpu.md       # the GPU session: one command, ~5-7 min on an H200
+    python bench/bench_gpu.py --out $OUT/bench_gpu.md       # the GPU session: one command, ~8 min on an H200
     python bench/bench_gpu.py --smoke                      # the same code on CPU, tiny model, ~1 min (the test)
     python bench/bench_gpu.py --only eager-50257-fixed compile-50304-fixed --out /tmp/b.md
     python bench/bench_gpu.py --steps 50 --warmup 20 --batch 120 --budget-s 900
@@ -14,7 +14,7 @@ pile.py's model (12 layers, 12 heads, 768 wide, block 1024), AdamW (Muon in its 
 callbacks, and amp_bf16. The batch is pile.py's per-GPU share: 480 sequences over its 8 GPUs = 60 per step, in
 microbatches of pile.py's 12 ("fixed") or Composer's "auto" (start at the whole batch, halve on each CUDA OOM).
 Nothing is downloaded. The rows, in the order they run (later rows are the first to fall to --budget-s):
-    eager-50257-fixed     the baseline: pile.py as it is (compile=False, vocab 50257, microbatch 12)
+    eager-50257-fixed     the baseline: pile.py unpadded (compile=False, vocab 50257 as it was, microbatch 12)
     eager-50304-fixed     vocab padded to a multiple of 64
     eager-50304-muon      eager-50304-fixed with optimizer="muon" instead of AdamW: what Muon's steps cost
     eager-50304-modern    eager-50304-fixed with config/modern.py applied after pile.py (the architecture preset)
@@ -44,14 +44,14 @@ Columns:
     run s         the whole train.py process: imports, data, compile, steps, final evaluation, checkpoint
     microbatch    the fixed size, or "auto -> N" with the size Composer settled on (its file log)
 
-Time: per eager variant ~30-40 s (start-up ~15 s, 30 steps of 61k tokens, the final eval and a 1.5 GB checkpoint),
-per compiled one ~1.5-2 min (compiling the training graph, then the eval graph): estimates, not yet measured on a GPU.
---budget-s (default 420) bounds the variants, counted from the start: a variant starts only with MIN_RUN_S left (45 s
-eager, 120 s compiled) and is stopped when the budget runs out (its finished steps still count); the rest are skipped
-with a note. Then the loader rows (~10-20 s), so the whole command ends within ~7.5 min. The table is rewritten to
---out after every row, so a timeout keeps what was measured; train.py's output, metrics.jsonl, config.json and
-Composer's log of every run go beside it, to {out stem}_logs/. GPU memory (estimated): ~15-20 GB with microbatch 12,
-~70 GB for "auto" if it settles on the whole batch of 60, up to the whole GPU while it searches.
+Time, measured on one H200 (2026-12-04, docs/performance.md#on-a-gpu): 69-81 s per eager variant (start-up, 30
+steps of 61k tokens, the final eval and a 1.5 GB checkpoint), 114 s compiled (29 s of it before batch 1).
+--budget-s (default 420) bounds the variants, counted from the start: a variant starts only with MIN_RUN_S left (85 s
+eager, 130 s compiled) and is stopped when the budget runs out (its finished steps still count); the rest are skipped
+with a note. Then the loader rows (~55 s measured: 41 s at 8 workers), so the command ends within ~8.5 min. The
+table is rewritten to --out after every row, so a timeout keeps what was measured; train.py's output, metrics.jsonl,
+config.json and Composer's log of every run go beside it, to {out stem}_logs/. GPU memory (measured on the H200):
+13.9 GB peak with microbatch 12 eager, 10.2 GB compiled, 59.6 GB for "auto", which settled on the whole batch of 60.
 
 --smoke: the same code on CPU in fp32 with a tiny model (2 layers, 64 wide, block 64, batch 8 of microbatch 4, 8
 steps, 2 workers): the eager rows and the loader rows (2 and 0 workers) run, the compile and "auto" rows are marked
@@ -84,8 +84,8 @@ from pilegpt.common import UserError, atomic_write_text, run_main  # noqa: E402
 PILE = REPO / "config" / "pile.py"
 PILE_GPUS = 8  # config/pile.py's global batch is sized for one node of 8 GPUs
 GPT2_VOCAB = 50257  # the token ids of the synthetic data are drawn from it
-# Budget a variant needs left to be worth starting: eager ~35 s, compiled ~100 s on one H200 (estimates, see above)
-MIN_RUN_S = {"eager": 45, "compile": 120, "smoke": 10}
+# Budget a variant needs left to be worth starting: eager 69-81 s, compiled 114 s on one H200 (measured, see above)
+MIN_RUN_S = {"eager": 85, "compile": 130, "smoke": 10}
 # Thresholds for the recommendation: a gain below them is noise on a 20-step median, not a reason to change a default.
 COMPILE_GAIN, VOCAB_GAIN, AUTO_GAIN = 1.05, 1.01, 1.03
 LOADER_HEADROOM = 2.0  # the loader should deliver at least this many times what the fastest training row consumes

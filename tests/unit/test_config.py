@@ -225,7 +225,7 @@ def test_pile_presets(monkeypatch, name, n_params, tokens_per_step, fsdp):
         n = train.GPT(cfg.model_config()).num_params()
     assert n_params[0] <= n <= n_params[1]
     assert cfg.global_batch_size * cfg.block_size == tokens_per_step
-    assert cfg.fsdp is fsdp and cfg.autoresume and cfg.vocab_size == 50257 and cfg.block_size == 1024
+    assert cfg.fsdp is fsdp and cfg.autoresume and cfg.vocab_size == 50304 and cfg.block_size == 1024
     # The per-GPU batch on one 8-GPU node splits into whole microbatches.
     assert (cfg.global_batch_size // 8) % cfg.device_train_microbatch_size == 0
     assert cfg.run_name.startswith("pile-")
