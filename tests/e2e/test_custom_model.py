@@ -85,7 +85,7 @@ CONTRACT = [*SMALL, "--device=cpu", "--progress_bar=False", "--eval_interval=100
             "--save_interval=2ba", "--run_name=contract"]
 
 
-def test_model_args_with_a_tuple_resume_as_they_were_saved(random_bin, tmp_path):
+def test_model_args_with_a_tuple_resume_as_they_were_saved(random_bin, tmp_path, capsys):
     # config.json holds (16, 16) as [16, 16]: the comparison on resume is in that saved form
     args = [f"--data_dir={random_bin}", *CONTRACT, f"--save_folder={tmp_path / 'run'}",
             "--model_class=contract_models:Widths", "--model_args={'widths': (16, 16)}"]
@@ -94,26 +94,28 @@ def test_model_args_with_a_tuple_resume_as_they_were_saved(random_bin, tmp_path)
     assert "resuming from the checkpoint at batch 2 " in out and "done: 2 batches" in out
     widths = json.loads((tmp_path / "run" / "config.json").read_text())["config"]["model_args"]["widths"]
     assert widths == [16, 16]
-    changed = failed_with_one_line(run_train([*args[:-1], "--model_args={'widths': (16, 8)}", "--max_duration=6ba",
-                                              "--autoresume=True"], tmp_path))
+    changed = main_error(train.main, [*args[:-1], "--model_args={'widths': (16, 8)}", "--max_duration=6ba",
+                                      "--autoresume=True"], capsys, alone=False)  # in this process: one start-up fewer
     assert "are of another model: model_args={'widths': (16, 8)} (the run has {'widths': [16, 16]})" in changed
 
 
-def test_model_args_that_json_cannot_hold_are_refused_before_anything_is_written(random_bin, tmp_path):
+def test_model_args_that_json_cannot_hold_are_refused_before_anything_is_written(random_bin, tmp_path, capsys):
     run_dir = tmp_path / "run"
-    result = run_train([f"--data_dir={random_bin}", *CONTRACT, f"--save_folder={run_dir}", "--max_duration=2ba",
-                        "--model_class=contract_models:Widths", "--model_args={'widths': {16}}"], tmp_path)
-    assert failed_with_one_line(result) == (
+    line = main_error(train.main, [f"--data_dir={random_bin}", *CONTRACT, f"--save_folder={run_dir}",
+                                   "--max_duration=2ba", "--model_class=contract_models:Widths",
+                                   "--model_args={'widths': {16}}"], capsys, alone=False)
+    assert line == (
         "error: bad config: model_args={'widths': {16}} cannot be saved in config.json and the checkpoints (Object of "
         "type set is not JSON serializable): use numbers, strings, lists and dicts")
     assert not run_dir.exists()
 
 
-def test_gpt_settings_beside_a_model_class_are_named_as_unused_and_not_recorded(random_bin, tmp_path):
+def test_gpt_settings_beside_a_model_class_are_named_as_unused_and_not_recorded(random_bin, tmp_path, capsys):
     run_dir = tmp_path / "run"
-    out = succeeded(run_train([f"--data_dir={random_bin}", *CONTRACT, f"--save_folder={run_dir}", "--max_duration=1ba",
-                               f"--model_class={MY_GPT}", "--n_layer=7", "--qk_norm=True", "--pos_emb=rope"],
-                              tmp_path))
+    capsys.readouterr()
+    train_main([f"--data_dir={random_bin}", *CONTRACT, f"--save_folder={run_dir}", "--max_duration=1ba",
+                f"--model_class={MY_GPT}", "--n_layer=7", "--qk_norm=True", "--pos_emb=rope"])
+    out = capsys.readouterr().out
     assert ("note: model_class=examples.my_model:MyGPT: n_layer=7, n_head=2, n_embd=32, pos_emb='rope', qk_norm=True "
             "shape model.py's GPT only and are not used (config.json leaves them out); MyGPT takes n_layer, n_head, "
             "n_embd: set them in model_args") in out.splitlines()

@@ -270,19 +270,18 @@ def test_two_runs_on_one_mds_dataset_with_one_data_local_is_one_line_naming_data
     assert len(list(other_run)) == other_run.epoch_size  # the other run reads on
 
 
-def test_an_mds_root_named_twice_in_one_run_and_roots_of_one_slug_train(tmp_path):
+def test_an_mds_root_named_twice_in_one_run_and_roots_of_one_slug_train(tmp_path, one_torch_thread):
     """data_dir also named in eval_data (one val/ read by two eval sets), and data_mix roots `x/a_b` and `x/a/b`
     (one name once "/" is "_"): each reads through a cache folder of its own."""
     tokens = np.random.default_rng(9).integers(0, 50257, 20_000).astype(np.uint16)
     root = write_mds_splits(tmp_path / "x" / "a_b", tokens)
     write_mds_splits(tmp_path / "x" / "a" / "b", tokens[::-1].copy())
     common = [*TRAIN, f"--data_local={tmp_path / 'cache'}"]
-    succeeded(run_train([f"--data_dir={root}", *common, f"--eval_data={{'again': '{root}'}}",
-                         f"--save_folder={tmp_path / 'run1'}", "--run_name=twice"], tmp_path))
+    train.main([f"--data_dir={root}", *common, f"--eval_data={{'again': '{root}'}}",  # in this process, as it runs
+                f"--save_folder={tmp_path / 'run1'}", "--run_name=twice"])
     last = read_jsonl(tmp_path / "run1" / "metrics.jsonl")[-1]
     assert last["again_loss"] == pytest.approx(last["val_loss"], rel=1e-6)  # the same samples, the same weights
     mix = {str(root): {"repeat": 1.0}, str(tmp_path / "x" / "a" / "b"): {"repeat": 1.0}}
-    succeeded(run_train([f"--data_mix={mix!r}", *common, f"--save_folder={tmp_path / 'run2'}", "--run_name=slugs"],
-                        tmp_path))
+    train.main([f"--data_mix={mix!r}", *common, f"--save_folder={tmp_path / 'run2'}", "--run_name=slugs"])
     last = read_jsonl(tmp_path / "run2" / "metrics.jsonl")[-1]
     assert {"val_loss", "a_b_loss", "b_loss"} <= set(last) and last["a_b_loss"] != last["b_loss"]
