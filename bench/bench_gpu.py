@@ -2,7 +2,7 @@
 and the data loader alone; one markdown table, ratios against eager-50257-fixed, and a recommendation.
 
 Usage:
-    python bench/bench_gpu.py --out $OUT/bench_gpu.md       # the GPU session: one command, ~8 min on an H200
+    python bench/bench_gpu.py --out $OUT/bench_gpu.md       # the GPU session: one command, ~8.5 min on an H200
     python bench/bench_gpu.py --smoke                      # the same code on CPU, tiny model, ~1 min (the test)
     python bench/bench_gpu.py --only eager-50257-fixed compile-50304-fixed --out /tmp/b.md
     python bench/bench_gpu.py --steps 50 --warmup 20 --batch 120 --budget-s 900

@@ -414,6 +414,14 @@ def train_main(argv: list) -> None:
         torch.set_num_threads(before)
 
 
+def train_output(argv: list, capsys) -> str:
+    """train_main(argv) in this process (a run that sets up, resumes or must succeed): what it printed. A failure
+    raises, as the command line's would exit non-zero."""
+    capsys.readouterr()
+    train_main(argv)
+    return capsys.readouterr().out
+
+
 def succeeded(result: tuple[int, str]) -> str:
     """The output of a run that must have exited 0 (else the test fails with the end of that output)."""
     code, out = result

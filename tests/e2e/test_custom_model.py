@@ -24,6 +24,7 @@ from helpers import (
     run_train,
     succeeded,
     train_main,
+    train_output,
 )
 
 MY_GPT = "examples.my_model:MyGPT"
@@ -112,10 +113,8 @@ def test_model_args_that_json_cannot_hold_are_refused_before_anything_is_written
 
 def test_gpt_settings_beside_a_model_class_are_named_as_unused_and_not_recorded(random_bin, tmp_path, capsys):
     run_dir = tmp_path / "run"
-    capsys.readouterr()
-    train_main([f"--data_dir={random_bin}", *CONTRACT, f"--save_folder={run_dir}", "--max_duration=1ba",
-                f"--model_class={MY_GPT}", "--n_layer=7", "--qk_norm=True", "--pos_emb=rope"])
-    out = capsys.readouterr().out
+    out = train_output([f"--data_dir={random_bin}", *CONTRACT, f"--save_folder={run_dir}", "--max_duration=1ba",
+                        f"--model_class={MY_GPT}", "--n_layer=7", "--qk_norm=True", "--pos_emb=rope"], capsys)
     assert ("note: model_class=examples.my_model:MyGPT: n_layer=7, n_head=2, n_embd=32, pos_emb='rope', qk_norm=True "
             "shape model.py's GPT only and are not used (config.json leaves them out); MyGPT takes n_layer, n_head, "
             "n_embd: set them in model_args") in out.splitlines()

@@ -49,13 +49,12 @@ def test_a_bad_line_only_rank_1_reads_exits_2_on_every_rank(model_file, tmp_path
     exits 2 with the line's error; not the 143 (a preemption's status) of rank 0 ended by the launcher's SIGTERM.
     Under Composer's launcher, where the 143 was seen; pilegpt.launch gives the first failing rank's status
     (test_launch_status.py), so every rank's 2 is 2 there too."""
-    launcher = "composer.cli.launcher"
     lines = [json.dumps({"text": f"document {i}", "meta": {"pile_set_name": "A"}}) for i in range(6)]
     lines[3] = "{not json"
     (tmp_path / "bad.jsonl").write_text("\n".join(lines) + "\n")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    code, out = run_command([sys.executable, "-m", launcher, "-n", "2", REPO / "eval.py", model_file, "--task", "pile",
-                             "--data", tmp_path / "bad.jsonl"], tmp_path, env)
+    code, out = run_command([sys.executable, "-m", "composer.cli.launcher", "-n", "2", REPO / "eval.py", model_file,
+                             "--task", "pile", "--data", tmp_path / "bad.jsonl"], tmp_path, env)
     assert code == 2, out[-3000:]
     errors = {line for line in out.splitlines() if line.startswith("error: ")}
     assert errors == {f"error: {tmp_path / 'bad.jsonl'}:4: not a JSON object (Expecting property name enclosed in "

@@ -27,6 +27,7 @@ from helpers import (
     start_train,
     stop,
     succeeded,
+    train_output,
     wait_until,
 )
 from pilegpt.train.resume import is_whole_checkpoint
@@ -34,13 +35,6 @@ from pilegpt.train.resume import is_whole_checkpoint
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 ARGS = [*SMALL, "--device=cpu", "--sample_length=8", "--eval_interval=3ba", "--eval_subset_num_batches=1",
         "--progress_bar=False", "--save_interval=3ba", "--run_name=faults"]
-
-
-def train_here(*args, capsys) -> str:
-    """train.py's main() in this process (a run that sets up or resumes); returns what it printed."""
-    capsys.readouterr()
-    train.main([str(a) for a in args])
-    return capsys.readouterr().out
 
 
 def test_a_kill_during_a_checkpoint_write_resumes_from_the_previous_checkpoint(random_bin, tmp_path, capsys):
@@ -51,7 +45,7 @@ def test_a_kill_during_a_checkpoint_write_resumes_from_the_previous_checkpoint(r
     half = (run_dir / "ep0-ba6-rank0.pt").stat().st_size
     assert os.readlink(run_dir / "latest-rank0.pt") == "ep0-ba3-rank0.pt"  # Composer had not moved it yet
 
-    resumed = train_here(*args, "--autoresume=True", capsys=capsys)
+    resumed = train_output([*args, "--autoresume=True"], capsys)
     assert "set aside" in resumed and "resuming from ep0-ba3-rank0.pt" in resumed
     assert "resumed at batch 3" in resumed
     broken = list(run_dir.glob("ep0-ba6-rank0.pt.broken-*"))
@@ -62,12 +56,12 @@ def test_a_kill_during_a_checkpoint_write_resumes_from_the_previous_checkpoint(r
 def test_a_truncated_latest_checkpoint_falls_back_to_the_one_before(random_bin, tmp_path, capsys):
     run_dir = tmp_path / "run"
     args = [f"--data_dir={random_bin}", *ARGS, f"--save_folder={run_dir}"]
-    train_here(*args, "--max_duration=6ba", capsys=capsys)
+    train_output([*args, "--max_duration=6ba"], capsys)
     latest = run_dir / "ep0-ba6-rank0.pt"
     assert os.readlink(run_dir / "latest-rank0.pt") == latest.name
     with open(latest, "r+b") as f:
         f.truncate(latest.stat().st_size // 3)
-    resumed = train_here(*args, "--max_duration=9ba", "--autoresume=True", capsys=capsys)
+    resumed = train_output([*args, "--max_duration=9ba", "--autoresume=True"], capsys)
     assert "resumed at batch 3" in resumed
     assert checkpoint_state(run_dir / "ep0-ba9-rank0.pt")["timestamp"]["Timestamp"]["batch"] == 9
 
@@ -114,7 +108,7 @@ def test_infinite_weights_are_never_checkpointed_or_exported(random_bin, tmp_pat
 def test_resuming_with_another_model_shape_is_one_line(random_bin, tmp_path, capsys):
     run_dir = tmp_path / "run"
     args = [f"--data_dir={random_bin}", *ARGS, f"--save_folder={run_dir}", "--max_duration=3ba"]
-    train_here(*args, capsys=capsys)
+    train_output(args, capsys)
     result = run_train([*args, "--max_duration=6ba", "--autoresume=True", "--n_layer=3"], tmp_path)
     assert failed_with_one_line(result) == (
         f"error: autoresume: the checkpoints in {run_dir} are of another model: n_layer=3 (the run has 2); resume "
@@ -127,12 +121,13 @@ def test_resuming_with_another_optimizer_is_one_line_also_without_config_json(ra
     for first, then in (("adamw", "muon"), ("muon", "adamw")):
         run_dir = tmp_path / first
         args = [f"--data_dir={random_bin}", *ARGS, f"--save_folder={run_dir}", "--max_duration=3ba"]
-        train_here(*args, f"--optimizer={first}", capsys=capsys)
+        train_output([*args, f"--optimizer={first}"], capsys)
         before = sorted(p.name for p in run_dir.iterdir())
         resume = [*args, "--max_duration=6ba", "--autoresume=True", f"--optimizer={then}"]
         # through the command line once; the other way round in this process, as it runs it
-        result = run_train(resume, tmp_path) if first == "adamw" else (2, main_error(train.main, resume, capsys, False))
-        assert failed_with_one_line(result) == (
+        line = (failed_with_one_line(run_train(resume, tmp_path)) if first == "adamw"
+                else main_error(train.main, resume, capsys, alone=False))
+        assert line == (
             f"error: autoresume: the checkpoints in {run_dir} are of optimizer {first}; this run asks for {then}: "
             f"resume with the run's settings ({run_dir / 'config.json'}) or start a new run with another --run_name")
         assert sorted(p.name for p in run_dir.iterdir()) == before
@@ -151,8 +146,8 @@ def test_changed_learning_rates_and_decay_on_autoresume_are_used_and_said(random
     args = [f"--data_dir={random_bin}", *ARGS, "--optimizer=muon", "--eval_interval=100ba", "--sample_length=0"]
     new = ["--learning_rate=1e-3", "--muon_lr=0.01", "--weight_decay=0.0", "--beta2=0.99"]
     reference, run_dir = tmp_path / "reference", tmp_path / "run"
-    train_here(*args, *new, f"--save_folder={reference}", "--max_duration=6ba", capsys=capsys)
-    train_here(*args, f"--save_folder={run_dir}", "--max_duration=3ba", capsys=capsys)
+    train_output([*args, *new, f"--save_folder={reference}", "--max_duration=6ba"], capsys)
+    train_output([*args, f"--save_folder={run_dir}", "--max_duration=3ba"], capsys)
     out = succeeded(run_train([*args, *new, f"--save_folder={run_dir}", "--max_duration=6ba", "--autoresume=True"],
                               tmp_path))
     assert ("autoresume: this run's muon_lr=0.01 (was 0.02), weight_decay=0 (was 0.1), beta2=0.99 (was 0.95), "
@@ -168,8 +163,7 @@ def test_changed_learning_rates_and_decay_on_autoresume_are_used_and_said(random
         (0.01, 0.0, (0.9, 0.99)), (1e-3, 0.0, (0.9, 0.99)), (1e-3, 0.0, (0.9, 0.99))]
     recorded = json.loads((run_dir / "config.json").read_text())["config"]
     assert (recorded["learning_rate"], recorded["muon_lr"], recorded["weight_decay"]) == (1e-3, 0.01, 0.0)
-    again = train_here(*args, *new, f"--save_folder={run_dir}", "--max_duration=9ba", "--autoresume=True",
-                       capsys=capsys)
+    again = train_output([*args, *new, f"--save_folder={run_dir}", "--max_duration=9ba", "--autoresume=True"], capsys)
     assert "autoresume: this run's" not in again  # the run's settings now: nothing to replace
 
 
@@ -202,8 +196,8 @@ def test_losing_s3_mid_training_stops_with_one_line_and_resumes_from_the_bucket(
         monkeypatch.chdir(fresh)
         for name, value in s3.env().items():
             monkeypatch.setenv(name, value)
-        resumed = train_here(*args, f"--max_duration={last + 4}ba", "--eval_interval=400ba", "--autoresume=True",
-                             capsys=capsys)
+        resumed = train_output([*args, f"--max_duration={last + 4}ba", "--eval_interval=400ba", "--autoresume=True"],
+                               capsys)
         assert f"resuming from the checkpoint at batch {last} " in resumed, resumed[-2000:]
         assert "done: 4 batches" in resumed
         assert (first.parent / f"ep0-ba{last + 4}-rank0.pt").is_file()  # and its uploads finished before "done"
@@ -263,7 +257,7 @@ def test_a_full_disk_during_a_checkpoint_write_is_one_line_and_the_resume_contin
         assert line.endswith(": free space on that disk (or choose another --save_folder), then re-run with "
                              "--autoresume=True: it continues from the last whole checkpoint")
         remount(disk, "200m")  # space freed
-        resumed = train_here(*args, "--autoresume=True", capsys=capsys)
+        resumed = train_output([*args, "--autoresume=True"], capsys)
         assert "resuming from the checkpoint at batch 2 " in resumed and "done: 4 batches" in resumed
         assert (disk / "run" / "ep0-ba6-rank0.pt").is_file()
 

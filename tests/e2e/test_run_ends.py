@@ -24,6 +24,7 @@ from helpers import (
     script,
     start_train,
     train_main,
+    train_output,
     wait_until,
     write_random_bin,
 )
@@ -41,9 +42,7 @@ def train_here(args: list, cwd, monkeypatch, capsys) -> str:
     """train.py's main() in this process, from the working folder cwd (a run that sets up or must succeed): its
     output. A failure raises, as the command line's would exit non-zero."""
     monkeypatch.chdir(cwd)
-    capsys.readouterr()
-    train_main(args)
-    return capsys.readouterr().out
+    return train_output(args, capsys)
 
 
 @pytest.fixture(scope="module")
