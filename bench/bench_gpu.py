@@ -254,15 +254,22 @@ def keep_logs(setup: Setup, name: str, run_dir: Path) -> None:
         shutil.copyfile(log, setup.logs / f"{name}.composer{'-' + str(i) if i else ''}.txt")
 
 
+def variant_settings(setup: Setup, v: Variant, precision: str) -> list[str]:
+    """train.py's arguments for variant v: config/pile.py, the bench's settings, the variant's, its preset file."""
+    run_dir = setup.work / "runs" / v.name
+    microbatch = "auto" if v.auto_microbatch else str(setup.microbatch)
+    return [str(PILE), *setup.train_args(), f"--run_name={v.name}", f"--save_folder={run_dir}",
+            f"--data_local={setup.work / 'cache' / v.name}", f"--compile={v.compile}", f"--vocab_size={v.vocab_size}",
+            f"--device_train_microbatch_size={microbatch}", f"--precision={precision}", f"--optimizer={v.optimizer}",
+            *([str(REPO / "config" / v.preset)] if v.preset else [])]
+
+
 def run_variant(setup: Setup, v: Variant, precision: str, timeout_s: float) -> Row:
     """One real train.py process; its row from metrics.jsonl, config.json and Composer's file log."""
     run_dir = setup.work / "runs" / v.name
     microbatch = "auto" if v.auto_microbatch else str(setup.microbatch)
     row = Row(v.name, compile="yes" if v.compile else "no", vocab=str(v.vocab_size), microbatch=microbatch)
-    cmd = [sys.executable, str(REPO / "train.py"), str(PILE), *setup.train_args(), f"--run_name={v.name}",
-           f"--save_folder={run_dir}", f"--data_local={setup.work / 'cache' / v.name}", f"--compile={v.compile}",
-           f"--vocab_size={v.vocab_size}", f"--device_train_microbatch_size={microbatch}", f"--precision={precision}",
-           f"--optimizer={v.optimizer}", *([str(REPO / "config" / v.preset)] if v.preset else [])]
+    cmd = [sys.executable, str(REPO / "train.py"), *variant_settings(setup, v, precision)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if setup.smoke:
         env.setdefault("OMP_NUM_THREADS", "1")  # a tiny model on a shared CPU: one thread is fastest and steadiest
