@@ -282,6 +282,7 @@ def build_trainer(cfg: TrainConfig, model: ComposerGPT, folder: RunFolder, world
                   precision: str) -> tuple[Trainer, Outputs]:
     """The Composer Trainer: data and evaluators, optimizer, loggers and callbacks, checkpoints in save_folder
     (with autoresume, the Trainer loads the latest one there)."""
+    compat.cpu_model_from_proc()  # Composer's report of the CPU without its 1-second subprocess
     train_data, evaluators = build_data(cfg, model, world, device)
     optimization = build_optimizer(cfg, model, device, precision)
     out = build_outputs(cfg, model, folder, device, evaluators)

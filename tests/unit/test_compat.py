@@ -24,6 +24,26 @@ def test_checkpoint_saver_takes_our_uploader_and_gets_composers_back():
     assert "RemoteUploader(" in inspect.getsource(checkpoint_saver.CheckpointSaver)  # still built by that name
 
 
+def test_composers_environment_report_names_the_cpu_without_a_subprocess(monkeypatch):
+    import subprocess
+
+    from composer.utils import collect_env, get_composer_env_dict
+
+    monkeypatch.setattr(collect_env, "get_cpu_model", collect_env.get_cpu_model)  # put back after the test
+    compat.cpu_model_from_proc()
+    compat.cpu_model_from_proc()  # twice: still one wrapper around Composer's own
+    assert collect_env.get_cpu_model.__wrapped_by_pilegpt__.__module__ == "composer.utils.collect_env"
+    started = []
+    monkeypatch.setattr(subprocess.Popen, "__init__", lambda self, *a, **k: started.append(a) or 1 / 0)
+    name = get_composer_env_dict()["cpu_model"]
+    assert started == []
+    if Path("/proc/cpuinfo").is_file() and "model name" in Path("/proc/cpuinfo").read_text():
+        monkeypatch.undo()
+        import cpuinfo
+
+        assert name == cpuinfo.get_cpu_info()["brand_raw"]  # py-cpuinfo's own answer, through its subprocess
+
+
 def test_ema_has_the_private_method_we_call():
     from composer.algorithms import EMA
 
