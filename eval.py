@@ -1,7 +1,8 @@
 """Score a trained GPT as the field does, from anything sample.py or init_from takes, or a Hugging Face GPT-2:
 HellaSwag (karpathy/build-nanogpt's and llm.c's scoring: acc by the lowest summed loss of the ending, acc_norm by the
 lowest mean; beside OpenAI GPT-2 124M's 28.59 / 29.55), or Pile bits per byte per component as lm-evaluation-harness
-computes it (beside GPT-2 124M's 1.2253 on the Pile's test set). Details: docs/evaluation.md.
+computes it (beside GPT-2 124M's 1.2253 on the Pile's test set), or CORE, the DCLM paper's 22 in-context tasks as
+nanochat scores them (beside GPT-2 124M's 0.1139 and 1.5B's 0.2565). Details: docs/evaluation.md.
 
 Usage:
     python eval.py runs/quickstart --task hellaswag --data tests/fixtures/hellaswag_tiny.jsonl
@@ -11,7 +12,9 @@ Usage:
     python eval.py runs/my_model --task hellaswag --model-class examples.my_model:MyGPT   # your own model
     composer -n 8 eval.py runs/pile --task hellaswag          # 8 processes (GPUs) split the examples
     python eval.py runs/pile --task pile --data val.jsonl.zst --out pile.json   # Pile BPB per component
-    composer -n 8 eval.py runs/pile --task pile --split test  # the Pile's test file, downloaded once"""
+    composer -n 8 eval.py runs/pile --task pile --split test  # the Pile's test file, downloaded once
+    python eval.py runs/pile --task core --data eval_bundle --max-per-task 500   # CORE on an unpacked bundle
+    composer -n 8 eval.py runs/pile --task core              # all of it; the bundle downloaded once"""
 
 from __future__ import annotations
 
@@ -25,13 +28,14 @@ from typing import Optional
 
 import torch
 
-from pilegpt import hellaswag, pile_bpb
+from pilegpt import core_eval, hellaswag, pile_bpb
 from pilegpt.checkpoint import add_model_class_argument
 from pilegpt.common import UserError, atomic_write_text, check_writable_folder, load_dotenv_file, pick_device, run_main
 from pilegpt.hf import load_pretrained
+from pilegpt.model_contract import context_length
 from pilegpt.tokenizer import gpt2
 
-TASKS = ("hellaswag", "pile")
+TASKS = ("hellaswag", "pile", "core")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -42,14 +46,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--task", choices=TASKS, required=True, help="the benchmark")
     p.add_argument("--data", help="hellaswag: a local .jsonl (default: the official val set, downloaded once); pile: "
                                    "a Pile-format .jsonl(.zst) file or a folder of them (default: the --split file, "
-                                   "downloaded once)")
+                                   "downloaded once); core: an unpacked DCLM eval bundle (default: downloaded once)")
     p.add_argument("--split", choices=pile_bpb.SPLITS, default="test",
                    help="pile without --data: the Pile's val or test file (default test, the published figures')")
     p.add_argument("--url", help=f"where to download the data from (a mirror; default hellaswag {hellaswag.URL}, "
-                                 f"pile {pile_bpb.MIRROR}/SPLIT.jsonl.zst)")
+                                 f"pile {pile_bpb.MIRROR}/SPLIT.jsonl.zst, core {core_eval.URL})")
     p.add_argument("--limit", type=int, help="score only the first N examples (documents)")
+    p.add_argument("--max-per-task", type=int, help="core: score the first N of each task's shuffled rows (a quick "
+                                                    "score; nanochat's order)")
     p.add_argument("--batch-size", type=int, help="per forward pass: hellaswag examples of 4 rows (default 8), pile "
-                                                  "windows of up to block_size tokens (default 16)")
+                                                  "windows of up to block_size tokens (default 16), core prompts "
+                                                  "(default 16)")
     p.add_argument("--out", help="write the results and every prediction to this JSON file")
     p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda when available)")
     p.add_argument("--endpoint-url", default=None, help="S3-compatible endpoint for an s3:// SRC")
@@ -59,6 +66,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.url = hellaswag.URL
     if args.limit is not None and args.limit < 1:
         raise UserError(f"--limit must be >= 1, got {args.limit}")
+    if args.max_per_task is not None and (args.max_per_task < 1 or args.task != "core"):
+        raise UserError(f"--max-per-task must be >= 1, got {args.max_per_task}" if args.task == "core" else
+                        f"--max-per-task is for --task core; --task {args.task} takes --limit")
     if args.batch_size is not None and args.batch_size < 1:
         raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.out:  # checked before any example is scored
@@ -83,17 +93,23 @@ def main(argv=None) -> int:
         from composer.utils import dist
 
         dist.initialize_dist("gpu" if device.type == "cuda" else "cpu")
-        if rank == 0 and not args.data and args.task == "hellaswag":  # once, before the others read the cache
-            hellaswag.download(args.url)
-        elif rank == 0 and not args.data:
-            pile_bpb.download(args.split, args.url)
-        dist.barrier()
+        if not args.data:  # once, on rank 0, before the others read the cache; its error ends every rank alike
+            together(lambda: download(args) if rank == 0 else None, world)
     model, origin = together(lambda: load_pretrained(args.src, endpoint_url=args.endpoint_url, what="SRC",
                                                      model_class=args.model_class), world)
     model = model.to(device).eval()
     autocast = torch.bfloat16 if device.type == "cuda" else None
-    run = run_hellaswag if args.task == "hellaswag" else run_pile
+    run = {"hellaswag": run_hellaswag, "pile": run_pile, "core": run_core}[args.task]
     return run(args, model, device, autocast, (world, rank), f"on {world} x {device.type} ({origin})")
+
+
+def download(args: argparse.Namespace):
+    """The task's data downloaded into the cache (rank 0, before the others read it)."""
+    if args.task == "hellaswag":
+        return hellaswag.download(args.url)
+    if args.task == "core":
+        return core_eval.download(args.url or core_eval.URL)
+    return pile_bpb.download(args.split, args.url)
 
 
 def gather(items: list, world: int) -> list:
@@ -184,6 +200,43 @@ def run_pile(args, model, device, autocast, world_rank: tuple[int, int], where: 
               + ("all empty: no bytes to score)" if c["bpb"] is None else f"{c['bytes']:,} bytes)"))
     print(f"pile: {results['documents']:,} documents, bpb {results['bpb']:.4f} (all bits over all bytes), "
           f"{results['tokens'] / max(seconds, 1e-9):,.0f} tokens/s {where}"
+          + (f"; results in {args.out}" if args.out else ""), flush=True)
+    return 0
+
+
+def load_core(args) -> tuple[list, list]:
+    """(the tasks, each task's kept rows) of --data or the downloaded bundle, every row read and checked."""
+    tasks = core_eval.read_bundle(args.data or core_eval.download(args.url or core_eval.URL))
+    kept = [core_eval.select(core_eval.read_rows(t), args.max_per_task) for t in tasks]
+    core_eval.check_fewshot(tasks, kept, args.max_per_task)
+    return tasks, kept
+
+
+def run_core(args, model, device, autocast, world_rank: tuple[int, int], where: str) -> int:
+    """CORE (this process: every world-th item over all tasks); per task and overall; --out written on rank 0."""
+    world, rank = world_rank
+    tasks, kept = together(lambda: load_core(args), world)
+    block_size = context_length(model)
+    stream = core_eval.items(tasks, kept, gpt2(), block_size or 1, keep=lambda n: n % world == rank)
+    t0 = time.time()
+    with progress_bar(len(range(rank, sum(len(k) for k in kept), world)), "item", args.task, rank) as bar:
+        results = core_eval.evaluate(model, stream, device, args.batch_size or 16, autocast, bar)
+    results = sorted(gather(results, world), key=lambda r: (r.task, r.ind))
+    seconds = time.time() - t0
+    if rank != 0:
+        return 0
+    summary = core_eval.summarize(tasks, results)
+    if args.out:
+        write_out(args.out, {"task": "core", **summary, "source": args.src, "data": args.data or args.url
+                             or core_eval.URL, "max_per_task": args.max_per_task,
+                             "predictions": [{**r._asdict(), "task": tasks[r.task].label} for r in results]})
+    for label, t in summary["tasks"].items():
+        print(f"core: {label:<34} acc {t['acc']:.4f} centered {t['centered']:+.4f} ({t['n']:,} items, "
+              f"{t['num_fewshot']}-shot {t['type']})")
+    cut = f"; {summary['cut']:,} prompts longer than block_size {block_size} kept their last tokens" \
+        if summary["cut"] else ""
+    print(f"core: CORE {summary['core']:.4f} over {len(tasks)} tasks, {summary['n']:,} items, "
+          f"{summary['n'] / max(seconds, 1e-9):.1f} items/s {where}{cut}"
           + (f"; results in {args.out}" if args.out else ""), flush=True)
     return 0
 

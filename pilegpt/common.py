@@ -91,10 +91,11 @@ def atomic_path(path: str | os.PathLike) -> Iterator[str]:
         tmp.unlink(missing_ok=True)
 
 
-def download_once(url: str, path: Path, what: str, check: Callable[[str], None]) -> Path:
+def download_once(url: str, path: Path, what: str, check: Callable[[str], None], local: str = "") -> Path:
     """`path`, downloaded from `url` on first use: written under a temporary name, checked by check(tmp) (a UserError
     for a file that is not `what`), then renamed into place, so a partial or bad download is never used. Offline (or
-    any failed download) is one line naming --data FILE, the local copy that needs no download."""
+    any failed download) is one line naming --data and `local` (default: a local copy of the file), the copy that
+    needs no download."""
     if path.is_file():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -105,8 +106,8 @@ def download_once(url: str, path: Path, what: str, check: Callable[[str], None])
                     out.write(chunk)
         except (urllib.error.URLError, OSError, ValueError) as e:
             reason = getattr(e, "reason", None) or e
-            raise UserError(f"cannot download {what} from {url} ({reason}): offline? pass a local copy of "
-                            f"{path.name} with --data FILE") from None
+            local = local or f"a local copy of {path.name} with --data FILE"
+            raise UserError(f"cannot download {what} from {url} ({reason}): offline? pass {local}") from None
         check(tmp)
     return path
 

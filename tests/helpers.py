@@ -759,6 +759,33 @@ def stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
+class Server:
+    """A loopback HTTP server answering every GET with `body` (and counting the requests); url ends in `name`."""
+
+    def __init__(self, body: bytes, name: str = "hellaswag_val.jsonl"):
+        self.body, self.requests = body, 0
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                outer.requests += 1
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(outer.body)))
+                self.end_headers()
+                self.wfile.write(outer.body)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/{name}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
 class ThrottlingProxy(http.server.ThreadingHTTPServer):
     """An HTTP proxy on 127.0.0.1 in front of an S3 server that answers `503 SlowDown` (S3's throttling reply) to
     the first `refusals` tries of every distinct read (GET/HEAD of one path and query); writes pass. Deterministic:

@@ -20,7 +20,7 @@ from typing import Optional
 
 import numpy as np
 
-from pilegpt import pile_bpb, storage
+from pilegpt import core_eval, pile_bpb, storage
 from pilegpt.common import UserError, atomic_path, atomic_write_text
 from pilegpt.hellaswag import ANCHORS
 
@@ -121,16 +121,17 @@ def read_metrics_file(path: Path, metrics: Metrics) -> Metrics:
 
 
 def read_results(folder, names: list[str]) -> tuple[dict[str, dict], list[str]]:
-    """eval.py's results saved in the run folder (hellaswag*.json, pile*.json), and the names of those that are not."""
+    """eval.py's results saved in the run folder (hellaswag*.json, pile*.json, core*.json), and the names of those
+    that are not."""
     results, skipped = {}, []
     for n in names:
-        if "/" in n or not (n.startswith(("hellaswag", "pile")) and n.endswith(".json")):
+        if "/" in n or not (n.startswith(("hellaswag", "pile", "core")) and n.endswith(".json")):
             continue
         try:
             r = json.loads(folder.read(n))
         except (ValueError, UserError):
             r = None
-        if is_hellaswag_result(r) or is_pile_result(r):
+        if is_hellaswag_result(r) or is_pile_result(r) or is_core_result(r):
             results[n] = r
         else:
             skipped.append(n)
@@ -140,6 +141,13 @@ def read_results(folder, names: list[str]) -> tuple[dict[str, dict], list[str]]:
 def is_hellaswag_result(r) -> bool:
     return (isinstance(r, dict) and r.get("task", "hellaswag") == "hellaswag" and isinstance(r.get("n"), int)
             and all(isinstance(r.get(k), (int, float)) for k in ("acc", "acc_norm")))
+
+
+def is_core_result(r) -> bool:
+    tasks = r.get("tasks") if isinstance(r, dict) else None
+    return (isinstance(r, dict) and r.get("task") == "core" and isinstance(r.get("core"), (int, float))
+            and isinstance(r.get("n"), int) and isinstance(tasks, dict)
+            and all(isinstance(t, dict) and isinstance(t.get("centered"), (int, float)) for t in tasks.values()))
 
 
 def is_pile_result(r) -> bool:
@@ -195,6 +203,7 @@ def render(info: dict, metrics: Metrics, results: dict[str, dict], sources: dict
     lines += mix_lines(info.get("data_mix"))
     lines += ["", f"## Training (source: `{sources['metrics']}`)", ""] + training_lines(metrics)
     lines += ["", "## HellaSwag", ""] + hellaswag_lines(config, metrics, results, sources)
+    lines += ["", "## CORE", ""] + core_lines(results)
     lines += ["", "## Pile bits per byte", ""] + pile_lines(results)
     if plot:
         lines += ["", "## Loss curve", "", f"![loss curve]({PLOT})", "", f"`{PLOT}`: {plot.rsplit(' -> ', 1)[0]}"]
@@ -261,8 +270,31 @@ def hellaswag_lines(config: dict, metrics: Metrics, results: dict[str, dict], so
     return lines
 
 
+def core_lines(results: dict[str, dict]) -> list[str]:
+    """The CORE table: eval.py --task core's saved results (CORE, then each task's centered accuracy), the published
+    anchors."""
+    mine = sorted((n, r) for n, r in results.items() if is_core_result(r))
+    lines = ["| model | CORE | items | source |", "|---|---|---|---|"]
+    for name, r in mine:
+        per = f" (first {r['max_per_task']} of each task)" if isinstance(r.get("max_per_task"), int) else ""
+        lines.append(f"| this run, eval.py on {r.get('source')}{per} | {r['core']:.4f} | {r['n']:,} | `{name}` |")
+    lines += [f"| {model} | {core:.4f} | | {source} |" for model, core, source in core_eval.ANCHORS]
+    for name, r in mine:
+        lines += ["", f"Per task (`{name}`): centered accuracy (accuracy).", "", "| task | centered | acc | items |",
+                  "|---|---|---|---|"]
+        lines += [f"| {label} | {t['centered']:+.4f} | {t.get('acc', 0):.4f} | {t.get('n', 0):,} |"
+                  for label, t in r["tasks"].items()]
+    if not mine:
+        lines += ["", "`python eval.py RUN --task core --out RUN/core.json` adds this run's (docs/evaluation.md#core)."]
+    return lines
+
+
 def pile_lines(results: dict[str, dict]) -> list[str]:
-    """The Pile BPB table: eval.py --task pile's saved results (overall, then each component), the paper's figures."""
+    """The Pile BPB table: eval.py --task pile's saved results (overall, then each component), the paper's figures;
+    a run scored on no Pile file shows none of them, only how to add its own."""
+    if not any(is_pile_result(r) for r in results.values()):
+        return ["Not scored on the Pile: `python eval.py RUN --task pile --out RUN/pile.json` adds this run's, beside "
+                "GPT-2's and GPT-3's published figures (docs/evaluation.md#pile-bits-per-byte)."]
     lines = ["| model | documents | bits per byte | source |", "|---|---|---|---|"]
     for name, r in sorted((n, r) for n, r in results.items() if is_pile_result(r)):
         lines.append(f"| this run, eval.py on {r.get('source')}: all components (all bits over all bytes) | "

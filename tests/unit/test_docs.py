@@ -45,7 +45,8 @@ SENTENCE_END = re.compile(r"(?<!e\.g)(?<!i\.e)[.!?](?=\s|$)")
 FOLDERS = ("assets", "bench", "config", "docs", "examples", "mcli", "pilegpt", "scripts", "tests")  # the repo's own
 REPO_PATH = re.compile(r"(?<![\w./$-])((?:%s)/[\w./*-]*(?:\.\w+|/))" % "|".join(FOLDERS))  # tests/helpers.py, docs/
 BARE_FILE = re.compile(r"(?<![\w./${-])(\w+\.(?:py|sh|sbatch|yaml))\b")  # helpers.py: some file of the repo
-NOT_OURS = {"prepare.py": "nanoGPT's", "early_stopper.py": "Composer's"}  # bare names of other projects' files
+# bare names of other projects' files
+NOT_OURS = {"prepare.py": "nanoGPT's", "early_stopper.py": "Composer's", "core.yaml": "DCLM's eval bundle's"}
 
 
 # ---- reading markdown ----------------------------------------------------------------------------------------

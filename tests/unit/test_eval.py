@@ -2,9 +2,7 @@
 on the exported model, padding changes nothing, and the data is downloaded once, checked, and refused whole when it
 is not the val set. Two processes, the command line, training's figures, lm-eval: tests/e2e/test_eval.py."""
 
-import http.server
 import json
-import threading
 
 import pytest
 import torch
@@ -12,7 +10,7 @@ import torch.nn.functional as F
 
 import eval as eval_script
 import export_hf
-from helpers import HELLASWAG_TINY
+from helpers import HELLASWAG_TINY, Server
 from pilegpt import hellaswag
 from pilegpt.common import UserError
 from pilegpt.tokenizer import gpt2
@@ -77,33 +75,6 @@ def test_malformed_lines_are_refused_naming_file_and_line(tmp_path):
         bad.write_text(good + "\n" + line + "\n")
         with pytest.raises(UserError, match=rf"^{bad}:2: .*{why}"):
             hellaswag.read_examples(bad)
-
-
-class Server:
-    """A loopback HTTP server answering every GET with `body` (and counting the requests)."""
-
-    def __init__(self, body: bytes):
-        self.body, self.requests = body, 0
-        outer = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                outer.requests += 1
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(outer.body)))
-                self.end_headers()
-                self.wfile.write(outer.body)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = http.server.HTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/hellaswag_val.jsonl"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 def val_set(n: int) -> bytes:

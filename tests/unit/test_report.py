@@ -34,3 +34,22 @@ def test_report_shows_eval_py_pile_results_beside_the_papers_figures(tmp_path):
     assert "| OpenAI GPT-3 Davinci, the Pile's test set | | 0.7177 |" in section
     assert "Not eval.py results, skipped: pile_broken.json." in text
     check_report(text, str(tmp_path / "metrics.jsonl"))  # the HellaSwag table has no pile row
+
+
+def test_core_results_sit_beside_the_anchors_and_a_run_never_scored_on_the_pile_lists_no_pile_figures(tmp_path):
+    write_report_run(tmp_path)
+    (tmp_path / "core.json").write_text(json.dumps({
+        "task": "core", "core": 0.05, "n": 20, "max_per_task": 10, "source": "runs/r/model.pt",
+        "tasks": {"hellaswag": {"centered": 0.1, "acc": 0.325, "n": 10},
+                  "lambada_openai": {"centered": 0.0, "acc": 0.0, "n": 10}}}))
+    (tmp_path / "core_old.json").write_text('{"task": "core", "core": "high"}')
+    assert report.main([str(tmp_path)]) == 0
+    text = (tmp_path / "report.md").read_text()
+    section = text[text.index("## CORE"):text.index("## Pile bits per byte")]
+    assert "| this run, eval.py on runs/r/model.pt (first 10 of each task) | 0.0500 | 20 | `core.json` |" in section
+    assert "| OpenAI GPT-2 124M | 0.1139 | |" in section and "| OpenAI GPT-2 1.5B | 0.2565 | |" in section
+    assert "| hellaswag | +0.1000 | 0.3250 | 10 |" in section
+    assert "| lambada_openai | +0.0000 | 0.0000 | 10 |" in section
+    assert "Not eval.py results, skipped: core_old.json." in text
+    pile = text[text.index("## Pile bits per byte"):]
+    assert "Not scored on the Pile" in pile and "1.2253" not in pile and "|" not in pile.split("## Loss")[0]
