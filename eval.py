@@ -220,7 +220,7 @@ def run_core(args, model, device, autocast, world_rank: tuple[int, int], where: 
     stream = core_eval.items(tasks, kept, gpt2(), block_size or 1, keep=lambda n: n % world == rank)
     t0 = time.time()
     with progress_bar(len(range(rank, sum(len(k) for k in kept), world)), "item", args.task, rank) as bar:
-        results = core_eval.evaluate(model, stream, device, args.batch_size or 16, autocast, bar)
+        results, _ = core_eval.evaluate(model, stream, device, args.batch_size or 16, autocast, bar)
     results = sorted(gather(results, world), key=lambda r: (r.task, r.ind))
     seconds = time.time() - t0
     if rank != 0:

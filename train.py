@@ -58,7 +58,15 @@ from pilegpt.hf import load_pretrained
 from pilegpt.launch import die_with_launcher
 from pilegpt.s3 import lost_connection
 from pilegpt.train import cluster, run_folder
-from pilegpt.train.callbacks import ExportModel, HellaSwagEval, MetricsLog, SampleText, StopOnNonFinite, build_loggers
+from pilegpt.train.callbacks import (
+    CoreEval,
+    ExportModel,
+    HellaSwagEval,
+    MetricsLog,
+    SampleText,
+    StopOnNonFinite,
+    build_loggers,
+)
 from pilegpt.train.cluster import World
 from pilegpt.train.config import (
     TrainConfig,
@@ -396,6 +404,8 @@ def build_outputs(cfg: TrainConfig, model: ComposerGPT, folder: RunFolder, devic
         callbacks.append(MemoryMonitor())
     if cfg.hellaswag_examples:
         callbacks.append(HellaSwagEval(cfg.hellaswag_examples, cfg.hellaswag_data, eval_batch_size(cfg)))
+    if cfg.core_examples:
+        callbacks.append(CoreEval(cfg.core_examples, cfg.core_data, eval_batch_size(cfg)))
     if cfg.sample_length:
         callbacks.append(SampleText(cfg.sample_prompt, cfg.sample_length, cfg.block_size, seed=cfg.seed))
     metrics = {"train": list(model.train_metrics), **{e.label: list(model.eval_metrics) for e in evaluators or []}}

@@ -51,7 +51,7 @@ class Task(NamedTuple):
 # ----------------------------------------------------------------------------------------------------------
 # The bundle: core.yaml, eval_meta_data.csv, eval_data/
 
-def read_bundle(folder: str | os.PathLike) -> list[Task]:
+def read_bundle(folder: str | os.PathLike, setting: str = "--data") -> list[Task]:
     """The tasks of an unpacked eval bundle, each checked: its type, its few-shot count, its data file (inside
     eval_data/) and its random baseline. A UserError naming the file and the fix for anything missing or damaged."""
     import yaml
@@ -60,7 +60,7 @@ def read_bundle(folder: str | os.PathLike) -> list[Task]:
     config_path, meta_path = root / "core.yaml", root / "eval_meta_data.csv"
     for path in (config_path, meta_path, root / "eval_data"):
         if not path.exists():
-            raise UserError(f"--data {folder}: no {path.name} in it; pass an unpacked DCLM eval bundle (core.yaml, "
+            raise UserError(f"{setting} {folder}: no {path.name} in it; pass an unpacked DCLM eval bundle (core.yaml, "
                             f"eval_meta_data.csv, eval_data/), e.g. the folder in {URL}")
     try:
         config = yaml.safe_load(config_path.read_text(encoding="utf-8"))
@@ -321,11 +321,12 @@ def items(tasks: list[Task], kept: list[list[dict]], enc, block_size: int, keep=
             n += 1
 
 
-def check_fewshot(tasks: list[Task], kept: list[list[dict]], max_per_task: Optional[int]) -> None:
-    """A UserError for a task with fewer other rows than its few-shot examples need."""
+def check_fewshot(tasks: list[Task], kept: list[list[dict]], max_per_task: Optional[int],
+                  setting: str = "--max-per-task") -> None:
+    """A UserError for a task with fewer other rows than its few-shot examples need (`setting` kept the rows)."""
     for task, rows in zip(tasks, kept):
         if task.num_fewshot >= len(rows):
-            fix = (f"pass --max-per-task {task.num_fewshot + 1} or more" if max_per_task
+            fix = (f"set {setting} to {task.num_fewshot + 1} or more" if max_per_task
                    else f"{task.path} needs more rows")
             raise UserError(f"{task.label} takes {task.num_fewshot} few-shot examples from its other rows, but "
                             f"{len(rows)} row(s) are kept: {fix}")
@@ -366,12 +367,13 @@ class Result(NamedTuple):
 
 
 def evaluate(model, stream: Iterator[Item], device: torch.device, batch_size: int = 16, autocast_dtype=None,
-             progress=None) -> list[Result]:
-    """Score the items of `stream`, batch_size rows a forward pass (an item's rows may span two)."""
+             progress=None) -> tuple[list[Result], int]:
+    """Score the items of `stream`, batch_size rows a forward pass (an item's rows may span two); (the results, the
+    forward passes made)."""
     if context_length(model) is None:
         raise UserError(f"{type(model).__name__} states no block_size (nor config.block_size): CORE's prompts are "
                         "cut to the model's context, so give the model a block_size attribute")
-    results, pending, rows = [], [], []
+    results, pending, rows, passes = [], [], [], 0
     for item in itertools.chain(stream, [None]):
         if item is not None:
             pending.append(item)
@@ -380,13 +382,21 @@ def evaluate(model, stream: Iterator[Item], device: torch.device, batch_size: in
             scores = []
             for i in range(0, len(rows), batch_size):
                 scores += row_scores(model, rows[i:i + batch_size], device, autocast_dtype)
+                passes += 1
             for it in pending:
                 mine, scores = scores[:len(it.rows)], scores[len(it.rows):]
                 results.append(judge(it, mine))
             if progress is not None:
                 progress.update(len(pending))
             pending, rows = [], []
-    return results
+    return results, passes
+
+
+def idle_passes(model, n: int, device: torch.device, autocast_dtype=None) -> None:
+    """n forward passes of one two-token row, whose scores are dropped: with FSDP every rank must make as many
+    forward passes as the busiest one."""
+    for _ in range(n):
+        row_scores(model, [Row([EOT_ID, EOT_ID], 1, 2)], device, autocast_dtype)
 
 
 def judge(item: Item, scores: list[tuple[float, bool]]) -> Result:

@@ -759,6 +759,39 @@ def stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
+# ----------------------------------------------------------------------------------------------------------
+# CORE: a tiny eval bundle
+
+CORE_MC = [{"query": f"Question {i}: the colour of the sky is", "choices": ["blue", "green", "red wine"],
+            "gold": i % 3} for i in range(6)]
+CORE_SCHEMA = [{"context_options": [f"Ann {i} fed the dog", f"Ann {i} fed the cat"],
+                "continuation": "because it was hungry", "gold": i % 2} for i in range(5)]
+CORE_LM = [{"context": f"Count {i}: one two three ", "continuation": "four"} for i in range(4)]
+
+
+def write_core_bundle(root: Path, tasks: Optional[dict] = None) -> Path:
+    """A DCLM eval bundle in its own format (core.yaml, eval_meta_data.csv, eval_data/): tasks = {label:
+    (icl_task_type, num_fewshot, rows, baseline percent, extra yaml keys)}, default CORE_BUNDLE (each type, 0-2
+    shots)."""
+    tasks = CORE_BUNDLE if tasks is None else tasks
+    (root / "eval_data" / "group").mkdir(parents=True)
+    lines, meta = ["icl_tasks:"], ["Eval Task,Task Category,Random baseline"]
+    for label, (kind, shots, rows, baseline, *extra) in tasks.items():
+        lines += [f"- label: {label}", f"  dataset_uri: group/{label}.jsonl", f"  num_fewshot: [{shots}]",
+                  f"  icl_task_type: {kind}", *(f"  {k}: {v}" for k, v in (extra[0] if extra else {}).items())]
+        meta.append(f"{label},test,{baseline}")
+        (root / "eval_data" / "group" / f"{label}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (root / "core.yaml").write_text("\n".join(lines) + "\n")
+    (root / "eval_meta_data.csv").write_text("\n".join(meta) + "\n")
+    return root
+
+
+CORE_BUNDLE = {"mc": ("multiple_choice", 0, CORE_MC, 20), "mc_2shot": ("multiple_choice", 2, CORE_MC, 25),
+               "schema": ("schema", 1, CORE_SCHEMA, 50),
+               "lm": ("language_modeling", 0, CORE_LM, 0, {"continuation_delimiter": "' '"})}
+
+
+
 class Server:
     """A loopback HTTP server answering every GET with `body` (and counting the requests); url ends in `name`."""
 

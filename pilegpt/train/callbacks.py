@@ -1,7 +1,7 @@
 """What runs beside the training loop: train.py's Composer callbacks and loggers (docs/training.md).
 
-SampleText, ExportModel (model.pt), HellaSwagEval, StopOnNonFinite, MetricsLog (metrics.jsonl, the step log) and
-build_loggers (W&B, TensorBoard, MLflow). Composer's own, by name, and the user's are extensions.py's.
+SampleText, ExportModel (model.pt), HellaSwagEval, CoreEval, StopOnNonFinite, MetricsLog (metrics.jsonl, the step
+log) and build_loggers (W&B, TensorBoard, MLflow). Composer's own, by name, and the user's are extensions.py's.
 """
 
 from __future__ import annotations
@@ -187,6 +187,46 @@ class HellaSwagEval(Callback):
                             "hellaswag/acc_norm": float(counts[1] / counts[2])})
 
 
+class CoreEval(Callback):
+    """After each evaluation, scores CORE on the first `count` rows of each task with eval.py's scoring
+    (pilegpt/core_eval.py), split across the ranks, and logs core/score: the figure `eval.py --task core
+    --max-per-task count` gives for the same weights."""
+
+    def __init__(self, count: int, data: Optional[str], batch_size: int):
+        from pilegpt import core_eval
+
+        limit = count if count > 0 else None
+        self.tasks = core_eval.read_bundle(data or core_eval.download(), "core_data")
+        self.kept = [core_eval.select(core_eval.read_rows(t), limit) for t in self.tasks]
+        core_eval.check_fewshot(self.tasks, self.kept, limit, "core_examples")
+        self.batch_size, self.once = batch_size, OncePerBatch()
+
+    def eval_after_all(self, state: State, logger: Logger) -> None:
+        from pilegpt import core_eval
+        from pilegpt.model_contract import context_length
+        from pilegpt.tokenizer import gpt2
+
+        if self.once.new_batch(state) is None:
+            return
+        world, rank = dist.get_world_size(), dist.get_global_rank()
+        wrapper = composer_model(state)
+        device = next(wrapper.parameters()).device
+        dtype = {"amp_bf16": torch.bfloat16, "amp_fp16": torch.float16}.get(str(state.precision.value))
+        stream = core_eval.items(self.tasks, self.kept, gpt2(), context_length(wrapper.model) or 1,
+                                 keep=lambda n: n % world == rank)
+        with model_eval_mode(wrapper):
+            results, passes = core_eval.evaluate(wrapper.model, stream, device, self.batch_size, dtype)
+            most = torch.tensor([passes], device=device)
+            dist.all_reduce(most, reduce_operation="MAX")
+            core_eval.idle_passes(wrapper.model, int(most) - passes, device, dtype)  # as many passes on every rank
+        counts = torch.zeros((len(self.tasks), 2), dtype=torch.float64, device=device)
+        for r in results:
+            counts[r.task] += torch.tensor([float(r.correct), 1.0], dtype=torch.float64, device=device)
+        dist.all_reduce(counts, reduce_operation="SUM")
+        centered = [core_eval.centered(float(c / n), t.baseline) for (c, n), t in zip(counts.tolist(), self.tasks)]
+        logger.log_metrics({"core/score": sum(centered) / len(centered)})
+
+
 class StopOnNonFinite(Callback):
     """Ends the run at the first NaN or infinity (on any rank) in the training loss, the validation loss, or the
     weights about to be checkpointed or exported: the last checkpoint and model.pt on disk stay good ones.
@@ -247,7 +287,8 @@ class MetricsLog(LoggerDestination):
             "lr-AdamW/group0": "lr", "lr-Muon/group1": "lr", "lr-Muon/group0": "muon_lr",
             "time/remaining_estimate": "eta_s",  # RuntimeEstimator(time_unit="seconds")
             "memory/peak_allocated_mem": "peak_mem_gb",  # MemoryMonitor (GPU only), in GB
-            "hellaswag/acc": "hellaswag_acc", "hellaswag/acc_norm": "hellaswag_acc_norm"}  # HellaSwagEval
+            "hellaswag/acc": "hellaswag_acc", "hellaswag/acc_norm": "hellaswag_acc_norm",  # HellaSwagEval
+            "core/score": "core"}  # CoreEval
     EVAL_METRICS = {"LanguageCrossEntropy": "loss", "LanguagePerplexity": "ppl", "BitsPerByte": "bpb"}  # per set
 
     def __init__(self, path: str, log_interval: int, print_steps: bool, remote_name: Optional[str] = None):
@@ -292,11 +333,13 @@ class MetricsLog(LoggerDestination):
             print(f"step {batch}/{total} | loss {row['loss']:.4f} | lr {row.get('lr', 0):.2e} | {tps}{mfu}{eta}",
                   flush=True)
         evals = [(k[:-len("_loss")], v) for k, v in row.items() if k.endswith("_loss")]
-        if evals or "hellaswag_acc" in row:
+        if evals or "hellaswag_acc" in row or "core" in row:
             parts = [f"{label} loss {loss:.4f}" + (f" bpb {row[label + '_bpb']:.4f}" if label + "_bpb" in row else "")
                      for label, loss in evals]
             if "hellaswag_acc" in row:
                 parts.append(f"hellaswag acc {row['hellaswag_acc']:.4f} acc_norm {row['hellaswag_acc_norm']:.4f}")
+            if "core" in row:
+                parts.append(f"core {row['core']:.4f}")
             print(f"step {batch}/{total} | " + " | ".join(parts), flush=True)
 
 

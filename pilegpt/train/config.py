@@ -81,6 +81,8 @@ class TrainConfig:
     eval_data: dict = field(default_factory=dict)  # more eval sets by name: {"owt": "data/owt", "pile": "s3://b/mds"}
     hellaswag_examples: int = 0  # HellaSwag examples scored at every evaluation (eval.py's scoring); 0 = off, -1 = all
     hellaswag_data: Optional[str] = None  # a local HellaSwag .jsonl; None = the official val set (downloaded once)
+    core_examples: int = 0  # CORE at every evaluation on the first N rows of each task (eval.py's); 0 = off, -1 = all
+    core_data: Optional[str] = None  # an unpacked DCLM eval bundle; None = downloaded once (eval.py --task core's)
     sample_prompt: str = ""  # prompt of the text sample printed at each evaluation; "" = <|endoftext|>
     sample_length: int = 48  # tokens generated for that sample; 0 = no samples
     # system
@@ -279,6 +281,8 @@ class TrainConfig:
                 errors.append(f"eval_data: {label}: {location!r} must be a folder or an s3:// MDS root")
         if self.hellaswag_examples < -1:
             errors.append(f"hellaswag_examples must be -1 (all), 0 (off) or a count, got {self.hellaswag_examples}")
+        if self.core_examples < -1:
+            errors.append(f"core_examples must be -1 (all), 0 (off) or a count per task, got {self.core_examples}")
         if self.sample_length < 0:
             errors.append(f"sample_length must be >= 0, got {self.sample_length}")
         return errors

@@ -37,9 +37,11 @@ class Metrics:
     def __init__(self) -> None:
         self._train = (array("q"), array("d"))  # (batch, train loss) of every row, in file order: 16 bytes a row
         self._val = (array("q"), array("d"))  # (batch, val loss)
+        self._sets: dict[str, tuple[array, array]] = {}  # every other eval set: (batch, its loss)
         self.tail: dict[int, dict] = {}  # the rows of the last logged batches (speed, MFU, the final loss)
         self.evals: dict[str, dict[str, tuple[float, int]]] = {}  # eval set -> {"loss"|"bpb": (value, batch)}
         self.hellaswag: Optional[dict] = None  # the last row with in-training HellaSwag figures
+        self.core: Optional[dict] = None  # the last row with an in-training CORE figure
         self.skipped = 0  # lines that are not a metrics row (cut by a kill, garbage)
 
     def add_line(self, line: bytes | str) -> None:
@@ -63,8 +65,14 @@ class Metrics:
         for k, v in row.items():
             if k.endswith(("_loss", "_bpb")) and k != "loss":
                 self.evals.setdefault(k.rsplit("_", 1)[0], {})[k.rsplit("_", 1)[1]] = (v, batch)
+            if k.endswith("_loss") and k not in ("loss", "val_loss"):
+                batches, values = self._sets.setdefault(k[:-len("_loss")], (array("q"), array("d")))
+                batches.append(batch)
+                values.append(v)
         if "hellaswag_acc" in row and "hellaswag_acc_norm" in row:
             self.hellaswag = row
+        if "core" in row:
+            self.core = row
 
     @property
     def train(self) -> tuple[np.ndarray, np.ndarray]:
@@ -75,6 +83,10 @@ class Metrics:
     def val(self) -> tuple[np.ndarray, np.ndarray]:
         """(batches, val losses) in batch order, the last row of each batch."""
         return last_per_batch(*self._val)
+
+    def eval_sets(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Every eval set but val (eval_data's, a mix's components): (batches, losses) in batch order."""
+        return {label: last_per_batch(*series) for label, series in self._sets.items()}
 
     def last_rows(self) -> list[dict]:
         """The rows of the last SPEED_ROWS logged batches, in batch order."""
@@ -95,7 +107,7 @@ def is_row(row) -> bool:
     return (isinstance(row, dict) and isinstance(row.get("batch"), int) and not isinstance(row["batch"], bool)
             and all(isinstance(v, number) and not isinstance(v, bool) for k, v in row.items()
                     if k in ("loss", "tokens", "time_s", "tokens_per_sec", "mfu", "hellaswag_acc",
-                             "hellaswag_acc_norm") or k.endswith(("_loss", "_bpb"))))
+                             "hellaswag_acc_norm", "core") or k.endswith(("_loss", "_bpb"))))
 
 
 def read_metrics(folder, names: list[str]) -> Metrics:
@@ -203,7 +215,7 @@ def render(info: dict, metrics: Metrics, results: dict[str, dict], sources: dict
     lines += mix_lines(info.get("data_mix"))
     lines += ["", f"## Training (source: `{sources['metrics']}`)", ""] + training_lines(metrics)
     lines += ["", "## HellaSwag", ""] + hellaswag_lines(config, metrics, results, sources)
-    lines += ["", "## CORE", ""] + core_lines(results)
+    lines += ["", "## CORE", ""] + core_lines(config, metrics, results, sources)
     lines += ["", "## Pile bits per byte", ""] + pile_lines(results)
     if plot:
         lines += ["", "## Loss curve", "", f"![loss curve]({PLOT})", "", f"`{PLOT}`: {plot.rsplit(' -> ', 1)[0]}"]
@@ -270,11 +282,15 @@ def hellaswag_lines(config: dict, metrics: Metrics, results: dict[str, dict], so
     return lines
 
 
-def core_lines(results: dict[str, dict]) -> list[str]:
-    """The CORE table: eval.py --task core's saved results (CORE, then each task's centered accuracy), the published
-    anchors."""
+def core_lines(config: dict, metrics: Metrics, results: dict[str, dict], sources: dict[str, str]) -> list[str]:
+    """The CORE table: in training, eval.py --task core's saved results (CORE, then each task's centered accuracy),
+    the published anchors."""
     mine = sorted((n, r) for n, r in results.items() if is_core_result(r))
     lines = ["| model | CORE | items | source |", "|---|---|---|---|"]
+    if (row := metrics.core) is not None:
+        n = config.get("core_examples")
+        lines.append(f"| this run, batch {row['batch']} ({'all' if n == -1 else f'the first {n} of each task'}, in "
+                     f"training) | {row['core']:.4f} | | `{sources['metrics']}` |")
     for name, r in mine:
         per = f" (first {r['max_per_task']} of each task)" if isinstance(r.get("max_per_task"), int) else ""
         lines.append(f"| this run, eval.py on {r.get('source')}{per} | {r['core']:.4f} | {r['n']:,} | `{name}` |")
@@ -284,7 +300,7 @@ def core_lines(results: dict[str, dict]) -> list[str]:
                   "|---|---|---|---|"]
         lines += [f"| {label} | {t['centered']:+.4f} | {t.get('acc', 0):.4f} | {t.get('n', 0):,} |"
                   for label, t in r["tasks"].items()]
-    if not mine:
+    if not mine and metrics.core is None:
         lines += ["", "`python eval.py RUN --task core --out RUN/core.json` adds this run's (docs/evaluation.md#core)."]
     return lines
 
@@ -347,15 +363,19 @@ def plot(metrics: Metrics, out: Path, title: str) -> str:
     ax.plot(xs, smooth, color="tab:blue", linewidth=1.8, label=f"train loss ({WINDOW}-batch mean)")
     if len(val_xs):
         ax.plot(val_xs, val_ys, "o-", color="tab:orange", label="val loss")
+    for label, (set_xs, set_ys) in sorted(metrics.eval_sets().items()):  # eval_data's sets, a mix's components
+        ax.plot(set_xs, set_ys, ".--", linewidth=1.0, label=f"{label} loss")
     ax.set_xlabel("batch")
     ax.set_ylabel("cross-entropy (nats/token)")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize="small", ncol=1 + len(metrics.eval_sets()) // 8)
     fig.tight_layout()
     with atomic_path(out) as tmp:
         fig.savefig(tmp, format="png")
     plt.close(fig)
     first, last = float(ys[:WINDOW].mean()), float(ys[-WINDOW:].mean())
+    sets = metrics.eval_sets()
     return (f"plot_loss: {len(xs)} batches, train loss {first:.3f} -> {last:.3f}"
-            + (f", last val loss {val_ys[-1]:.3f}" if len(val_xs) else "") + f" -> {out}")
+            + (f", last val loss {val_ys[-1]:.3f}" if len(val_xs) else "")
+            + (f", {len(sets)} more eval set(s)" if sets else "") + f" -> {out}")

@@ -26,6 +26,7 @@ from helpers import (
     succeeded,
     train_main,
     write_bin,
+    write_core_bundle,
 )
 from pilegpt.checkpoint import load_model
 from pilegpt.data import read_windows, window_starts
@@ -72,8 +73,10 @@ def test_offline_without_data_is_one_line_naming_the_fix(model_file, tmp_path):
 
 def test_training_reports_bpb_named_eval_sets_and_hellaswag_as_eval_py_scores_it(tmp_path, monkeypatch, capsys):
     """One tiny run (in this process): val_bpb equals an independent computation over the same val windows, a named
-    eval set gets its own figures, and the in-training HellaSwag figures equal eval.py's on the exported weights."""
+    eval set gets its own figures, and the in-training HellaSwag and CORE figures equal eval.py's on the exported
+    weights; report.md shows the run's CORE."""
     tokens = shakespeare_tokens()
+    bundle = write_core_bundle(tmp_path / "bundle")
     write_bin(tmp_path / "data", tokens[:20_000])
     write_bin(tmp_path / "other", tokens[100_000:110_000])
     monkeypatch.chdir(tmp_path)
@@ -81,11 +84,14 @@ def test_training_reports_bpb_named_eval_sets_and_hellaswag_as_eval_py_scores_it
     train_main([*SMALL, f"--data_dir={tmp_path / 'data'}", "--max_duration=4ba", "--eval_interval=4ba",
                 "--eval_subset_num_batches=-1", "--progress_bar=False", "--save_folder=run", "--sample_length=0",
                 f"--eval_data={{'other': {str(tmp_path / 'other')!r}}}", "--hellaswag_examples=20",
-                f"--hellaswag_data={HELLASWAG_TINY}"])
+                f"--hellaswag_data={HELLASWAG_TINY}", "--core_examples=4", f"--core_data={bundle}"])
     out = capsys.readouterr().out
     row = read_jsonl(tmp_path / "run" / "metrics.jsonl")[-1]
-    assert {"val_loss", "val_bpb", "other_loss", "other_bpb", "hellaswag_acc", "hellaswag_acc_norm"} <= set(row)
+    assert {"val_loss", "val_bpb", "other_loss", "other_bpb", "hellaswag_acc", "hellaswag_acc_norm", "core"} <= set(row)
     assert f"hellaswag acc {row['hellaswag_acc']:.4f}" in out and f"other loss {row['other_loss']:.4f}" in out
+    assert f"core {row['core']:.4f}" in out
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert f"| this run, batch 4 (the first 4 of each task, in training) | {row['core']:.4f} |" in report
 
     model = load_model(str(tmp_path / "run" / "model.pt"))
     enc = gpt2()
@@ -106,6 +112,9 @@ def test_training_reports_bpb_named_eval_sets_and_hellaswag_as_eval_py_scores_it
                              "--limit", "20", "--out", str(tmp_path / "h.json")]) == 0
     scored = json.loads((tmp_path / "h.json").read_text())
     assert (scored["acc"], scored["acc_norm"]) == (row["hellaswag_acc"], row["hellaswag_acc_norm"])
+    assert eval_script.main([str(tmp_path / "run" / "model.pt"), "--task", "core", "--data", str(bundle),
+                             "--max-per-task", "4", "--out", str(tmp_path / "c.json")]) == 0
+    assert math.isclose(json.loads((tmp_path / "c.json").read_text())["core"], row["core"], rel_tol=1e-12)
 
 
 def test_lm_evaluation_harness_agrees_with_eval_py_on_every_example(tmp_path, monkeypatch):

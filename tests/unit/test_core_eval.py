@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import eval as eval_script
-from helpers import Server, main_error
+from helpers import CORE_BUNDLE, CORE_LM, CORE_MC, CORE_SCHEMA, Server, main_error, write_core_bundle
 from pilegpt import core_eval
 from pilegpt.common import UserError
 from pilegpt.tokenizer import EOT_ID, GPT2_VOCAB_SIZE, gpt2
@@ -39,30 +39,6 @@ class Bigram(nn.Module):
 
 def tok(text: str) -> list[int]:
     return gpt2().encode_ordinary(text)
-
-
-MC = [{"query": f"Question {i}: the colour of the sky is", "choices": ["blue", "green", "red wine"], "gold": i % 3}
-      for i in range(6)]
-SCHEMA = [{"context_options": [f"Ann {i} fed the dog", f"Ann {i} fed the cat"], "continuation": "because it was hungry",
-           "gold": i % 2} for i in range(5)]
-LM = [{"context": f"Count {i}: one two three ", "continuation": "four"} for i in range(4)]
-
-
-def write_bundle(root, tasks: dict) -> None:
-    """A DCLM eval bundle: tasks = {label: (icl_task_type, num_fewshot, rows, baseline percent, extra yaml keys)}."""
-    (root / "eval_data" / "group").mkdir(parents=True)
-    lines, meta = ["icl_tasks:"], ["Eval Task,Task Category,Random baseline"]
-    for label, (kind, shots, rows, baseline, *extra) in tasks.items():
-        lines += [f"- label: {label}", f"  dataset_uri: group/{label}.jsonl", f"  num_fewshot: [{shots}]",
-                  f"  icl_task_type: {kind}", *(f"  {k}: {v}" for k, v in (extra[0] if extra else {}).items())]
-        meta.append(f"{label},test,{baseline}")
-        (root / "eval_data" / "group" / f"{label}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (root / "core.yaml").write_text("\n".join(lines) + "\n")
-    (root / "eval_meta_data.csv").write_text("\n".join(meta) + "\n")
-
-
-BUNDLE = {"mc": ("multiple_choice", 0, MC, 20), "mc_2shot": ("multiple_choice", 2, MC, 25),
-          "schema": ("schema", 1, SCHEMA, 50), "lm": ("language_modeling", 0, LM, 0, {"continuation_delimiter": "' '"})}
 
 
 def test_each_type_renders_its_prompts_character_for_character():
@@ -114,7 +90,7 @@ def test_each_type_picks_as_a_hand_computation_of_its_losses_says(tmp_path):
     model = Bigram({sky: green, red: wine})
     enc, cpu = gpt2(), torch.device("cpu")
     item = core_eval.Item(0, 0, "multiple_choice", 0, core_eval.token_rows(
-        "multiple_choice", core_eval.render("multiple_choice", MC[0], [], " "), enc, 64)[0], False)
+        "multiple_choice", core_eval.render("multiple_choice", CORE_MC[0], [], " "), enc, 64)[0], False)
     scores = core_eval.row_scores(model, item.rows, cpu)
     # float32 logits over 50,257 tokens: their log-sum-exp is good to ~2e-5 of the float64 hand computation
     assert [m for m, _ in scores] == pytest.approx([L_MISS, L_HIT, (L_MISS + L_HIT) / 2], abs=1e-4)
@@ -123,13 +99,14 @@ def test_each_type_picks_as_a_hand_computation_of_its_losses_says(tmp_path):
     assert core_eval.judge(item, core_eval.row_scores(model, item.rows, cpu)).pred == 2
 
     three, four = tok(" three")[0], tok(" four")[0]
-    lm = core_eval.token_rows("language_modeling", core_eval.render("language_modeling", LM[0], [], " "), enc, 64)[0]
+    prompts = core_eval.render("language_modeling", CORE_LM[0], [], " ")
+    lm = core_eval.token_rows("language_modeling", prompts, enc, 64)[0]
     assert core_eval.row_scores(Bigram({three: four}), lm, cpu)[0] == (pytest.approx(L_HIT, abs=1e-4), True)
     assert core_eval.row_scores(Bigram({three: green}), lm, cpu)[0][1] is False  # greedy must predict all of it
 
 
 def test_a_bundle_scores_every_type_and_core_is_the_mean_centered_accuracy(tmp_path):
-    write_bundle(tmp_path, BUNDLE)
+    write_core_bundle(tmp_path, CORE_BUNDLE)
     tasks = core_eval.read_bundle(tmp_path)
     assert [(t.label, t.kind, t.num_fewshot, t.delimiter, t.baseline) for t in tasks] == [
         ("mc", "multiple_choice", 0, " ", 0.2), ("mc_2shot", "multiple_choice", 2, " ", 0.25),
@@ -139,7 +116,8 @@ def test_a_bundle_scores_every_type_and_core_is_the_mean_centered_accuracy(tmp_p
     # loss of "because" after it), " three" -> " four"
     model = Bigram({tok(" is")[0]: tok(" blue")[0], tok(" cat")[0]: tok(" because")[0],
                     tok(" three")[0]: tok(" four")[0]})
-    results = core_eval.evaluate(model, core_eval.items(tasks, kept, gpt2(), 64), torch.device("cpu"), batch_size=5)
+    results, passes = core_eval.evaluate(model, core_eval.items(tasks, kept, gpt2(), 64), torch.device("cpu"),
+                                         batch_size=5)
     assert [(r.task, r.ind) for r in results] == [(t, i) for t, rows in enumerate(kept) for i in range(len(rows))]
     want = {"mc": [r["gold"] == 0 for r in kept[0]], "mc_2shot": [r["gold"] == 0 for r in kept[1]],
             "schema": [r["gold"] == 1 for r in kept[2]], "lm": [True] * 4}
@@ -153,12 +131,14 @@ def test_a_bundle_scores_every_type_and_core_is_the_mean_centered_accuracy(tmp_p
     assert summary["core"] == pytest.approx(sum(v["centered"] for v in summary["tasks"].values()) / 4)
     # two processes' shares (every second item over all tasks), merged, are the one process's results
     halves = [core_eval.evaluate(model, core_eval.items(tasks, kept, gpt2(), 64, keep=lambda n, r=r: n % 2 == r),
-                                 torch.device("cpu"), batch_size=3) for r in (0, 1)]
+                                 torch.device("cpu"), batch_size=3)[0] for r in (0, 1)]
     assert sorted(halves[0] + halves[1]) == sorted(results)
+    rows = sum(len(r.get("choices", r.get("context_options", [0]))) for k in kept for r in k)
+    assert rows / 5 <= passes <= rows  # 5 rows a pass, an item's rows never left behind
 
 
 def test_eval_py_scores_a_bundle_and_writes_per_task_results(tmp_path, model_file, capsys):
-    write_bundle(tmp_path / "b", BUNDLE)
+    write_core_bundle(tmp_path / "b", CORE_BUNDLE)
     out = tmp_path / "core.json"
     assert eval_script.main([str(model_file), "--task", "core", "--data", str(tmp_path / "b"), "--max-per-task", "4",
                              "--out", str(out)]) == 0
@@ -166,13 +146,13 @@ def test_eval_py_scores_a_bundle_and_writes_per_task_results(tmp_path, model_fil
     assert result["task"] == "core" and result["n"] == 16 and result["max_per_task"] == 4
     assert {k: v["n"] for k, v in result["tasks"].items()} == {"mc": 4, "mc_2shot": 4, "schema": 4, "lm": 4}
     assert result["core"] == pytest.approx(sum(v["centered"] for v in result["tasks"].values()) / 4)
-    assert len(result["predictions"]) == 16 and {p["task"] for p in result["predictions"]} == set(BUNDLE)
+    assert len(result["predictions"]) == 16 and {p["task"] for p in result["predictions"]} == set(CORE_BUNDLE)
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith(f"core: CORE {result['core']:.4f} over 4 tasks, 16 items, ")
 
 
 def refusal(tmp_path, change) -> str:
-    write_bundle(tmp_path / "b", BUNDLE)
+    write_core_bundle(tmp_path / "b", CORE_BUNDLE)
     change(tmp_path / "b")
     with pytest.raises(UserError) as e:
         eval_script.load_core(eval_script.parse_args(["m.pt", "--task", "core", "--data", str(tmp_path / "b"),
@@ -186,13 +166,13 @@ def test_every_refusal_is_one_line_naming_the_file(tmp_path):
     gone = refusal(tmp_path / "2", lambda b: (b / "eval_data" / "group" / "lm.jsonl").unlink())
     assert "(lm): its data file" in gone and "lm.jsonl does not exist" in gone
     damaged = refusal(tmp_path / "3", lambda b: (b / "eval_data" / "group" / "schema.jsonl").write_text(
-        json.dumps(SCHEMA[0]) + "\n" + '{"context_options": ["a"], "continuation": "x", "gold": 0}\n'))
+        json.dumps(CORE_SCHEMA[0]) + "\n" + '{"context_options": ["a"], "continuation": "x", "gold": 0}\n'))
     assert damaged.endswith("schema.jsonl:2: context_options must be a list of two or more strings")
     outside = refusal(tmp_path / "4", lambda b: (b / "core.yaml").write_text(
         (b / "core.yaml").read_text().replace("group/lm.jsonl", "../../secret.jsonl")))
     assert "points outside" in outside
     gold = refusal(tmp_path / "5", lambda b: (b / "eval_data" / "group" / "mc.jsonl").write_text(
-        json.dumps({**MC[0], "gold": 3}) + "\n"))
+        json.dumps({**CORE_MC[0], "gold": 3}) + "\n"))
     assert gold.endswith("mc.jsonl:1: gold 3 is not the index of one of its 3 options")
     assert "states no random baseline" in refusal(tmp_path / "6", lambda b: (b / "eval_meta_data.csv").write_text(
         "Eval Task,Random baseline\nmc,25\n"))
@@ -203,17 +183,17 @@ def test_every_refusal_is_one_line_naming_the_file(tmp_path):
 
 
 def test_too_few_rows_for_the_few_shot_examples_names_the_fix(tmp_path, model_file, capsys):
-    write_bundle(tmp_path, BUNDLE)
+    write_core_bundle(tmp_path, CORE_BUNDLE)
     line = main_error(eval_script.main, [model_file, "--task", "core", "--data", tmp_path, "--max-per-task", "2"],
                       capsys)
-    assert line == ("error: mc_2shot takes 2 few-shot examples from its other rows, but 2 row(s) are kept: pass "
-                    "--max-per-task 3 or more")
+    assert line == ("error: mc_2shot takes 2 few-shot examples from its other rows, but 2 row(s) are kept: set "
+                    "--max-per-task to 3 or more")
     line = main_error(eval_script.main, [model_file, "--task", "core", "--data", tmp_path / "nowhere"], capsys)
     assert "no core.yaml in it" in line
 
 
 def test_the_bundle_is_downloaded_once_unpacked_and_a_hostile_zip_is_refused(tmp_path):
-    write_bundle(tmp_path / "src" / "eval_bundle", BUNDLE)
+    write_core_bundle(tmp_path / "src" / "eval_bundle", CORE_BUNDLE)
     good = tmp_path / "good.zip"
     with zipfile.ZipFile(good, "w") as z:
         for p in sorted((tmp_path / "src").rglob("*")):
@@ -224,7 +204,7 @@ def test_the_bundle_is_downloaded_once_unpacked_and_a_hostile_zip_is_refused(tmp
         assert core_eval.download(server.url, tmp_path / "cache") == folder and server.requests == 1
     finally:
         server.close()
-    assert [t.label for t in core_eval.read_bundle(folder)] == list(BUNDLE)
+    assert [t.label for t in core_eval.read_bundle(folder)] == list(CORE_BUNDLE)
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["eval_bundle"]  # the zip and temporaries gone
 
     bad = tmp_path / "bad.zip"
@@ -261,11 +241,11 @@ def test_a_qwen3_shaped_export_scores_as_its_model_pt(tmp_path, capsys):
     model_pt = tiny_export(tmp_path / "m", seed=5, **shape)
     assert export_hf.main([str(model_pt), str(tmp_path / "hf")]) == 0
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["architectures"] == ["Qwen3ForCausalLM"]
-    write_bundle(tmp_path / "b", BUNDLE)
+    write_core_bundle(tmp_path / "b", CORE_BUNDLE)
     got = {}
     for name, src in (("pt", model_pt), ("hf", tmp_path / "hf")):
         out = tmp_path / f"{name}.json"
         assert eval_script.main([str(src), "--task", "core", "--data", str(tmp_path / "b"), "--out", str(out)]) == 0
         got[name] = json.loads(out.read_text())
     assert got["hf"]["predictions"] == got["pt"]["predictions"] and got["hf"]["core"] == got["pt"]["core"]
-    assert got["pt"]["n"] == sum(len(rows) for _, _, rows, *_ in BUNDLE.values())
+    assert got["pt"]["n"] == sum(len(rows) for _, _, rows, *_ in CORE_BUNDLE.values())

@@ -53,3 +53,18 @@ def test_core_results_sit_beside_the_anchors_and_a_run_never_scored_on_the_pile_
     assert "Not eval.py results, skipped: core_old.json." in text
     pile = text[text.index("## Pile bits per byte"):]
     assert "Not scored on the Pile" in pile and "1.2253" not in pile and "|" not in pile.split("## Loss")[0]
+
+
+def test_the_loss_plot_has_a_curve_for_every_eval_set_beside_val(tmp_path):
+    from pilegpt.train.report import Metrics, plot
+
+    metrics = Metrics()
+    for row in [{"batch": 1, "loss": 10.0}, {"batch": 2, "loss": 9.0, "val_loss": 9.5, "ArXiv_loss": 8.0,
+                                             "Github_loss": 7.0},
+                {"batch": 4, "loss": 8.0, "val_loss": 8.5, "ArXiv_loss": 7.5, "Github_loss": 6.5}]:
+        metrics.add_line(json.dumps(row))
+    sets = metrics.eval_sets()
+    assert sorted(sets) == ["ArXiv", "Github"]
+    assert sets["ArXiv"][0].tolist() == [2, 4] and sets["Github"][1].tolist() == [7.0, 6.5]
+    line = plot(metrics, tmp_path / "loss.png", "mix")
+    assert ", last val loss 8.500, 2 more eval set(s) -> " in line and (tmp_path / "loss.png").stat().st_size > 0
