@@ -206,10 +206,7 @@ def run_pile(args, model, device, autocast, world_rank: tuple[int, int], where: 
 
 def load_core(args) -> tuple[list, list]:
     """(the tasks, each task's kept rows) of --data or the downloaded bundle, every row read and checked."""
-    tasks = core_eval.read_bundle(args.data or core_eval.download(args.url or core_eval.URL))
-    kept = [core_eval.select(core_eval.read_rows(t), args.max_per_task) for t in tasks]
-    core_eval.check_fewshot(tasks, kept, args.max_per_task)
-    return tasks, kept
+    return core_eval.load(args.data or core_eval.download(args.url or core_eval.URL), args.max_per_task)
 
 
 def run_core(args, model, device, autocast, world_rank: tuple[int, int], where: str) -> int:

@@ -321,6 +321,16 @@ def items(tasks: list[Task], kept: list[list[dict]], enc, block_size: int, keep=
             n += 1
 
 
+def load(folder: str | os.PathLike, max_per_task: Optional[int], settings: tuple[str, str] = ("--data",
+         "--max-per-task")) -> tuple[list[Task], list[list[dict]]]:
+    """(the tasks of the bundle in `folder`, each task's kept rows), every row read and checked; `settings` name the
+    folder's and the limit's settings in the refusals (eval.py's flags, or train.py's core_data, core_examples)."""
+    tasks = read_bundle(folder, settings[0])
+    kept = [select(read_rows(t), max_per_task) for t in tasks]
+    check_fewshot(tasks, kept, max_per_task, settings[1])
+    return tasks, kept
+
+
 def check_fewshot(tasks: list[Task], kept: list[list[dict]], max_per_task: Optional[int],
                   setting: str = "--max-per-task") -> None:
     """A UserError for a task with fewer other rows than its few-shot examples need (`setting` kept the rows)."""

@@ -195,10 +195,8 @@ class CoreEval(Callback):
     def __init__(self, count: int, data: Optional[str], batch_size: int):
         from pilegpt import core_eval
 
-        limit = count if count > 0 else None
-        self.tasks = core_eval.read_bundle(data or core_eval.download(), "core_data")
-        self.kept = [core_eval.select(core_eval.read_rows(t), limit) for t in self.tasks]
-        core_eval.check_fewshot(self.tasks, self.kept, limit, "core_examples")
+        self.tasks, self.kept = core_eval.load(data or core_eval.download(), count if count > 0 else None,
+                                               ("core_data", "core_examples"))
         self.batch_size, self.once = batch_size, OncePerBatch()
 
     def eval_after_all(self, state: State, logger: Logger) -> None:
