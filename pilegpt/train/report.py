@@ -355,7 +355,7 @@ def plot(metrics: Metrics, out: Path, title: str) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    train, val = metrics.train, metrics.val
+    train, val, sets = metrics.train, metrics.val, metrics.eval_sets()
     (xs, ys), (val_xs, val_ys) = train, val
     smooth = moving_average(ys.tolist(), WINDOW)
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
@@ -363,19 +363,18 @@ def plot(metrics: Metrics, out: Path, title: str) -> str:
     ax.plot(xs, smooth, color="tab:blue", linewidth=1.8, label=f"train loss ({WINDOW}-batch mean)")
     if len(val_xs):
         ax.plot(val_xs, val_ys, "o-", color="tab:orange", label="val loss")
-    for label, (set_xs, set_ys) in sorted(metrics.eval_sets().items()):  # eval_data's sets, a mix's components
+    for label, (set_xs, set_ys) in sorted(sets.items()):  # eval_data's sets, a mix's components
         ax.plot(set_xs, set_ys, ".--", linewidth=1.0, label=f"{label} loss")
     ax.set_xlabel("batch")
     ax.set_ylabel("cross-entropy (nats/token)")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="small", ncol=1 + len(metrics.eval_sets()) // 8)
+    ax.legend(fontsize="small", ncol=1 + len(sets) // 8)
     fig.tight_layout()
     with atomic_path(out) as tmp:
         fig.savefig(tmp, format="png")
     plt.close(fig)
     first, last = float(ys[:WINDOW].mean()), float(ys[-WINDOW:].mean())
-    sets = metrics.eval_sets()
     return (f"plot_loss: {len(xs)} batches, train loss {first:.3f} -> {last:.3f}"
             + (f", last val loss {val_ys[-1]:.3f}" if len(val_xs) else "")
             + (f", {len(sets)} more eval set(s)" if sets else "") + f" -> {out}")
