@@ -30,6 +30,34 @@ ANCHORS = [("OpenAI GPT-2 124M", 1.2253, PAPER), ("OpenAI GPT-2 355M", 1.0928, P
            ("OpenAI GPT-2 774M", 1.0828, PAPER), ("OpenAI GPT-2 1.5B", 1.0468, PAPER),
            ("OpenAI GPT-3 Ada", 0.9631, PAPER), ("OpenAI GPT-3 Babbage", 0.8718, PAPER),
            ("OpenAI GPT-3 Curie", 0.7980, PAPER), ("OpenAI GPT-3 Davinci", 0.7177, PAPER)]
+# The same paper's Table 2 per component, for four of its eight columns (the smallest and largest GPT-2 and GPT-3):
+# test-set BPB of the untuned models, rows by the component's name as the paper writes it. A run's components are
+# matched by letters and digits alone (component_key: "StackExchange" is the paper's "Stack Exchange").
+COMPONENT_MODELS = ("GPT-2 small", "GPT-2 XL", "GPT-3 Ada", "GPT-3 Davinci")
+COMPONENT_ANCHORS = {
+    "Pile-CC": (1.0878, 0.9355, 0.9212, 0.7070), "PubMed Central": (1.0759, 0.9044, 0.8633, 0.6544),
+    "Books3": (1.1959, 1.0287, 0.9778, 0.7052), "OpenWebText2": (1.1111, 0.9171, 0.8727, 0.6242),
+    "ArXiv": (1.3548, 1.1381, 1.0304, 0.7702), "Github": (1.7912, 1.6486, 0.8761, 0.5635),
+    "FreeLaw": (1.0512, 0.8747, 0.8226, 0.6006), "Stack Exchange": (1.2981, 1.0504, 1.0096, 0.7321),
+    "USPTO Backgrounds": (0.8288, 0.6969, 0.6799, 0.5280), "PubMed Abstracts": (0.9524, 0.7810, 0.8130, 0.6201),
+    "Gutenberg (PG-19)": (1.2655, 1.0829, 0.9776, 0.7115), "OpenSubtitles": (1.2465, 1.1129, 1.1116, 0.9130),
+    "Wikipedia (en)": (1.1285, 0.9655, 0.8757, 0.5953), "DM Mathematics": (2.6911, 2.4377, 2.3249, 2.0228),
+    "Ubuntu IRC": (1.8466, 1.6024, 1.3139, 0.9915), "BookCorpus2": (1.1295, 0.9783, 0.9754, 0.7788),
+    "EuroParl": (2.3177, 1.7650, 1.0475, 0.7519), "HackerNews": (1.4433, 1.3361, 1.1736, 0.9457),
+    "YoutubeSubtitles": (2.0387, 1.6694, 1.3407, 0.9469), "PhilPapers": (1.3203, 1.1327, 1.0362, 0.8059),
+    "NIH ExPorter": (0.9099, 0.7694, 0.7974, 0.6239), "Enron Emails": (1.5888, 1.4222, 1.2634, 1.0201),
+}
+
+
+def component_key(name: str) -> str:
+    """A component's name by its letters and digits, lower case: the paper's "Stack Exchange" is the data's
+    "StackExchange"."""
+    return "".join(c for c in name.lower() if c.isalnum())
+
+
+def component_anchors(name: str) -> Optional[tuple[float, ...]]:
+    """The paper's figures (COMPONENT_MODELS' order) for a component of the Pile, or None for any other name."""
+    return {component_key(k): v for k, v in COMPONENT_ANCHORS.items()}.get(component_key(name))
 
 
 class Document(NamedTuple):

@@ -306,22 +306,30 @@ def core_lines(config: dict, metrics: Metrics, results: dict[str, dict], sources
 
 
 def pile_lines(results: dict[str, dict]) -> list[str]:
-    """The Pile BPB table: eval.py --task pile's saved results (overall, then each component), the paper's figures;
-    a run scored on no Pile file shows none of them, only how to add its own."""
+    """The Pile BPB tables: eval.py --task pile's saved results overall beside the paper's overall figures, then
+    each result's components beside the paper's per-component ones; a run scored on no Pile file shows none of them,
+    only how to add its own."""
     if not any(is_pile_result(r) for r in results.values()):
         return ["Not scored on the Pile: `python eval.py RUN --task pile --out RUN/pile.json` adds this run's, beside "
                 "GPT-2's and GPT-3's published figures (docs/evaluation.md#pile-bits-per-byte)."]
+    pile = sorted((n, r) for n, r in results.items() if is_pile_result(r))
     lines = ["| model | documents | bits per byte | source |", "|---|---|---|---|"]
-    for name, r in sorted((n, r) for n, r in results.items() if is_pile_result(r)):
-        lines.append(f"| this run, eval.py on {r.get('source')}: all components (all bits over all bytes) | "
-                     f"{r.get('documents', 0):,} | {r['bpb']:.4f} | `{name}` |")
-        lines += [f"| this run: {component} | {c.get('documents', 0):,} | "
-                  + ("none (all empty)" if c["bpb"] is None else f"{c['bpb']:.4f}") + f" | `{name}` |"
-                  for component, c in r["components"].items()]
+    lines += [f"| this run, eval.py on {r.get('source')}: all components (all bits over all bytes) | "
+              f"{r.get('documents', 0):,} | {r['bpb']:.4f} | `{name}` |" for name, r in pile]
     lines += [f"| {model}, the Pile's test set | | {bpb:.4f} | {source} |" for model, bpb, source in pile_bpb.ANCHORS]
-    return lines + ["", "The published figures are the whole test set's; per-component figures of these models are "
-                    "not listed (docs/evaluation.md#pile-bits-per-byte). `python eval.py RUN --task pile --out "
-                    "RUN/pile.json` adds this run's."]
+    for name, r in pile:
+        lines += ["", f"Per component (`{name}`), beside Table 2 of {pile_bpb.PAPER} (test set; blank: not a "
+                  "component of the Pile):", "",
+                  "| component | documents | this run | " + " | ".join(pile_bpb.COMPONENT_MODELS) + " |",
+                  "|---|---|---|" + "---|" * len(pile_bpb.COMPONENT_MODELS)]
+        for component, c in r["components"].items():
+            ours = "none (all empty)" if c["bpb"] is None else f"{c['bpb']:.4f}"
+            paper = pile_bpb.component_anchors(component) or ("",) * len(pile_bpb.COMPONENT_MODELS)
+            lines.append(f"| {component} | {c.get('documents', 0):,} | {ours} | "
+                         + " | ".join(f"{v:.4f}" if v else "" for v in paper) + " |")
+    return lines + ["", "The paper scored the test set's documents (one tenth of them) with untuned models; a run "
+                    "scored on other documents (the val set, a sample) compares only roughly. `python eval.py RUN "
+                    "--task pile --out RUN/pile.json` adds this run's."]
 
 
 def write_report(src: str) -> str:

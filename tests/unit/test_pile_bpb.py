@@ -155,3 +155,17 @@ def test_offline_without_data_is_one_line_naming_the_fix(model_file, tmp_path, m
     with pytest.raises(UserError, match=r"^cannot download the Pile's test set from http://127.0.0.1:\d+/t.jsonl.zst "
                                         r"\(.*\): offline\? pass a local copy of test.jsonl.zst with --data FILE$"):
         eval_script.main([str(model_file), "--task", "pile", "--url", f"http://127.0.0.1:{free_port()}/t.jsonl.zst"])
+
+
+def test_the_papers_per_component_figures_are_its_table_2_and_match_the_datas_names():
+    from pilegpt.pile_bpb import COMPONENT_ANCHORS, component_anchors
+    assert len(COMPONENT_ANCHORS) == 22  # the Pile's 22 components
+    # the Pile's own meta.pile_set_name spellings find the paper's rows
+    assert component_anchors("StackExchange") == (1.2981, 1.0504, 1.0096, 0.7321)
+    assert component_anchors("Wikipedia (en)") == (1.1285, 0.9655, 0.8757, 0.5953)
+    assert component_anchors("Gutenberg (PG-19)")[0] == 1.2655 and component_anchors("NIH ExPorter")[3] == 0.6239
+    assert component_anchors("pile_cc") == component_anchors("Pile-CC") == (1.0878, 0.9355, 0.9212, 0.7070)
+    assert component_anchors("Shakespeare") is None
+    # every figure a plausible bits per byte, and GPT-3 Davinci the lowest of the four on every row (as in the paper)
+    assert all(0.5 < v < 3 for row in COMPONENT_ANCHORS.values() for v in row)
+    assert all(row[3] == min(row) for row in COMPONENT_ANCHORS.values())

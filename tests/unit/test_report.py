@@ -21,15 +21,21 @@ def test_report_shows_eval_py_pile_results_beside_the_papers_figures(tmp_path):
     (tmp_path / "pile.json").write_text(json.dumps({
         "task": "pile", "bpb": 1.5, "documents": 3, "source": "runs/r/model.pt",
         "components": {"ArXiv": {"bpb": 1.25, "documents": 1, "bytes": 10, "tokens": 4},
-                       "Pile-CC": {"bpb": 1.75, "documents": 2, "bytes": 10, "tokens": 5}}}))
+                       "Pile-CC": {"bpb": 1.75, "documents": 2, "bytes": 10, "tokens": 5},
+                       "StackExchange": {"bpb": None, "documents": 1, "bytes": 0, "tokens": 0},
+                       "my_notes": {"bpb": 2.0, "documents": 1, "bytes": 10, "tokens": 6}}}))
     (tmp_path / "pile_broken.json").write_text('{"task": "pile", "bpb": "high"}')
     assert report.main([str(tmp_path)]) == 0
     text = (tmp_path / "report.md").read_text()
     section = text[text.index("## Pile bits per byte"):]
     assert ("| this run, eval.py on runs/r/model.pt: all components (all bits over all bytes) | 3 | 1.5000 | "
             "`pile.json` |") in section
-    assert "| this run: ArXiv | 1 | 1.2500 | `pile.json` |" in section
-    assert "| this run: Pile-CC | 2 | 1.7500 | `pile.json` |" in section
+    # each component beside Table 2 of the paper: GPT-2 small, GPT-2 XL, GPT-3 Ada, GPT-3 Davinci
+    assert "| component | documents | this run | GPT-2 small | GPT-2 XL | GPT-3 Ada | GPT-3 Davinci |" in section
+    assert "| ArXiv | 1 | 1.2500 | 1.3548 | 1.1381 | 1.0304 | 0.7702 |" in section
+    assert "| Pile-CC | 2 | 1.7500 | 1.0878 | 0.9355 | 0.9212 | 0.7070 |" in section
+    assert "| StackExchange | 1 | none (all empty) | 1.2981 | 1.0504 | 1.0096 | 0.7321 |" in section  # "Stack Exchange"
+    assert "| my_notes | 1 | 2.0000 |  |  |  |  |" in section  # not a component of the Pile
     assert "| OpenAI GPT-2 124M, the Pile's test set | | 1.2253 | Gao et al. 2020" in section
     assert "| OpenAI GPT-3 Davinci, the Pile's test set | | 0.7177 |" in section
     assert "Not eval.py results, skipped: pile_broken.json." in text
