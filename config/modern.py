@@ -4,8 +4,8 @@
 # RoPE, RMSNorm, ReLU² MLP, QK-norm, an untied output head, no biases, and Muon for the blocks' matrices (the
 # choices of nanochat and modded-nanogpt). bench/bench_recipe.py chose them: on the quickstart, this preset reaches
 # GPT-2's final val loss in 0.33x its steps and 0.41x its CPU time (docs/performance.md#recipes). A logit softcap
-# bought nothing there and cost 25% per step, so it is off; mlp = "swiglu" was within noise of ReLU² and makes the
-# model exportable as Qwen3ForCausalLM (export_hf.py refuses ReLU²: docs/huggingface.md).
+# bought nothing there and cost 25% per step, so it is off; mlp = "swiglu" was within noise of ReLU². export_hf.py
+# writes this model as a stock Qwen3ForCausalLM (ReLU² as a gated ReLU MLP with gate = up: docs/huggingface.md).
 import os
 
 # The run is named after this file (runs/modern, or $RUN_NAME), so that it never autoresumes the size preset's own

@@ -26,7 +26,8 @@ LAYER_BIASES = {"ln_1.bias": 1, "attn.c_attn.bias": 3, "attn.c_proj.bias": 1, "l
                 "mlp.c_proj.bias": 1}  # a block's biases, as multiples of n_embd (HF GPT-2 always has them)
 HF_CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}  # by model_type
 # Llama's and Qwen3's names of a block's weights (model.layers.N.*) for ours (transformer.h.N.*); a fused matrix of
-# ours is theirs stacked by rows: c_attn = [q; k; v], c_fc = [gate; up] (model.py's MLP).
+# ours is theirs stacked by rows: c_attn = [q; k; v], c_fc = [gate; up] (model.py's MLP). A ReLU² MLP is their gated
+# MLP with hidden_act "relu" and gate = up = our c_fc: relu(z) * z is relu(z)² exactly (z > 0: z * z; else 0).
 LLAMA_LAYER = {"ln_1.weight": ("input_layernorm.weight",),
                "attn.c_attn.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
                "attn.c_proj.weight": ("self_attn.o_proj.weight",), "ln_2.weight": ("post_attention_layernorm.weight",),
@@ -37,9 +38,10 @@ LLAMA_LAYER = {"ln_1.weight": ("input_layernorm.weight",),
 HF_NEEDS = {
     "learned": ("GPT2LMHeadModel needs", dict(norm="layernorm", mlp="gelu", n_kv_head=None, qk_norm=False,
                                               logit_softcap=0.0)),
-    "rope": ("LlamaForCausalLM / Qwen3ForCausalLM need", dict(norm="rmsnorm", mlp="swiglu", bias=False,
+    "rope": ("LlamaForCausalLM / Qwen3ForCausalLM need", dict(norm="rmsnorm", mlp=("swiglu", "relu2"), bias=False,
                                                                logit_softcap=0.0)),
-}
+}  # a tuple: any of these values
+HF_ACT = {"swiglu": "silu", "relu2": "relu"}  # Llama's / Qwen3's hidden_act for our MLP
 QK_NORM_LAYER = {"attn.q_norm.weight": ("self_attn.q_norm.weight",), "attn.k_norm.weight": ("self_attn.k_norm.weight",)}
 
 
@@ -50,11 +52,12 @@ def hf_offline() -> bool:
 
 def hf_model_type(cfg: GPTConfig) -> str:
     """The Hugging Face model_type that computes what a GPT of this config computes, or a UserError naming the
-    settings that none does (ReLU², a logit softcap, learned positions with RMSNorm, ...)."""
+    settings that none does (a logit softcap, learned positions with RMSNorm, ...)."""
     classes, needs = HF_NEEDS[cfg.pos_emb]
     have = {**{name: getattr(cfg, name) for name in needs}, "n_kv_head": None if cfg.kv_heads == cfg.n_head else
             cfg.n_kv_head}
-    wrong = [f"{name}={have[name]!r}" for name, value in needs.items() if have[name] != value]
+    wrong = [f"{name}={have[name]!r}" for name, value in needs.items()
+             if have[name] not in (value if isinstance(value, tuple) else (value,))]
     if wrong:
         raise UserError(f"no Hugging Face class computes this model (pos_emb={cfg.pos_emb!r} with {', '.join(wrong)}): "
                         f"{classes} {', '.join(f'{k}={v!r}' for k, v in needs.items())}; the model stays usable "
@@ -67,7 +70,7 @@ def from_hf(hf_model: nn.Module, source: str) -> GPT:
     Qwen3ForCausalLM. Settings of its config that our GPT does not implement are a UserError naming the setting."""
     c = hf_model.config
     if c.model_type in ("llama", "qwen3"):
-        model_args, state = llama_args(c, source), llama_state_to_ours(hf_model.state_dict(), c)
+        model_args, state = llama_args(c, source), llama_state_to_ours(hf_model.state_dict(), c, source)
     else:
         model_args, state = gpt2_args(c, source), {k: (v.t() if k.endswith(HF_CONV1D) else v).float()
                                                     for k, v in hf_model.state_dict().items()}
@@ -98,9 +101,11 @@ def llama_args(c, source: str) -> dict:
     """GPTConfig fields of a transformers LlamaConfig or Qwen3Config; a UserError naming what model.py does not
     implement (its SwiGLU width is computed from n_embd, its RMSNorm eps fixed)."""
     head_size = c.hidden_size // c.num_attention_heads
+    mlp = {v: k for k, v in HF_ACT.items()}.get(c.hidden_act)
+    width = swiglu_hidden(c.hidden_size) if mlp == "swiglu" else 4 * c.hidden_size
     unsupported = [f"{name}={value!r}" for name, value, ok in (
-        ("hidden_act", c.hidden_act, c.hidden_act == "silu"),
-        ("intermediate_size", c.intermediate_size, c.intermediate_size == swiglu_hidden(c.hidden_size)),
+        ("hidden_act", c.hidden_act, mlp is not None),
+        ("intermediate_size", c.intermediate_size, c.intermediate_size == width),
         ("head_dim", getattr(c, "head_dim", None), getattr(c, "head_dim", None) in (None, head_size)),
         ("rms_norm_eps", c.rms_norm_eps, c.rms_norm_eps == RMS_NORM_EPS),
         ("rope_scaling", c.rope_scaling, not c.rope_scaling),
@@ -110,28 +115,38 @@ def llama_args(c, source: str) -> dict:
     ) if not ok]
     if unsupported:
         raise UserError(f"{source}: {', '.join(unsupported)} is not a {c.model_type} that model.py implements "
-                        f"(SiLU SwiGLU of width {swiglu_hidden(c.hidden_size)}, head size hidden_size/heads, RMSNorm "
-                        f"eps {RMS_NORM_EPS}, plain RoPE, no biases)")
+                        f"(SiLU SwiGLU of width {swiglu_hidden(c.hidden_size)} or ReLU² of width {4 * c.hidden_size}, "
+                        f"head size hidden_size/heads, RMSNorm eps {RMS_NORM_EPS}, plain RoPE, no biases)")
     kv = c.num_key_value_heads or c.num_attention_heads
     return dict(block_size=c.max_position_embeddings, vocab_size=c.vocab_size, n_layer=c.num_hidden_layers,
                 n_head=c.num_attention_heads, n_embd=c.hidden_size, dropout=0.0, bias=False, pos_emb="rope",
-                rope_theta=float(c.rope_theta), norm="rmsnorm", mlp="swiglu",
+                rope_theta=float(c.rope_theta), norm="rmsnorm", mlp=mlp,
                 n_kv_head=None if kv == c.num_attention_heads else kv, qk_norm=c.model_type == "qwen3",
                 tie_embeddings=bool(c.tie_word_embeddings))
 
 
-def llama_layer_names(qk_norm: bool) -> dict:
-    return {**LLAMA_LAYER, **(QK_NORM_LAYER if qk_norm else {})}
+def llama_layer_names(qk_norm: bool, relu2: bool = False) -> dict:
+    """Our block's weight names -> theirs; with relu2, c_fc is gate_proj alone (up_proj is a copy of it)."""
+    return {**LLAMA_LAYER, **(QK_NORM_LAYER if qk_norm else {}),
+            **({"mlp.c_fc.weight": ("mlp.gate_proj.weight",)} if relu2 else {})}
 
 
-def llama_state_to_ours(hf_state: dict, c) -> dict:
-    """Our state dict from a LlamaForCausalLM's / Qwen3ForCausalLM's (fused matrices stacked back together)."""
+def llama_state_to_ours(hf_state: dict, c, source: str = "the model") -> dict:
+    """Our state dict from a LlamaForCausalLM's / Qwen3ForCausalLM's (fused matrices stacked back together; a ReLU
+    gated MLP is our ReLU² one only where its gate and up matrices are equal)."""
     hf_state = {k: v.float() for k, v in hf_state.items()}
+    if c.hidden_act == HF_ACT["relu2"]:
+        for i in range(c.num_hidden_layers):
+            gate, up = (hf_state.pop(f"model.layers.{i}.mlp.{n}_proj.weight") for n in ("gate", "up"))
+            if not torch.equal(gate, up):
+                raise UserError(f"{source}: layer {i}'s mlp.gate_proj and mlp.up_proj differ: a ReLU gated MLP is "
+                                "model.py's ReLU² MLP only with gate = up (what export_hf.py writes)")
+            hf_state[f"model.layers.{i}.mlp.gate_proj.weight"] = gate
     state = {"transformer.wte.weight": hf_state["model.embed_tokens.weight"],
              "transformer.ln_f.weight": hf_state["model.norm.weight"],
              "lm_head.weight": hf_state.get("lm_head.weight", hf_state["model.embed_tokens.weight"])}
     for i in range(c.num_hidden_layers):
-        for ours, theirs in llama_layer_names(c.model_type == "qwen3").items():
+        for ours, theirs in llama_layer_names(c.model_type == "qwen3", c.hidden_act == HF_ACT["relu2"]).items():
             state[f"transformer.h.{i}.{ours}"] = torch.cat([hf_state[f"model.layers.{i}.{t}"] for t in theirs])
     return state
 
@@ -142,6 +157,8 @@ def llama_state_from_ours(gpt: GPT, vocab_size: int) -> dict:
     ours = {k: v.detach().cpu().float() for k, v in gpt.state_dict().items()}
     kv = cfg.kv_heads * cfg.head_size
     rows = {"attn.c_attn.weight": [cfg.n_embd, kv, kv], "mlp.c_fc.weight": [cfg.mlp_hidden] * 2}
+    if cfg.mlp == "relu2":
+        ours.update({k: torch.cat([v, v]) for k, v in ours.items() if k.endswith("mlp.c_fc.weight")})  # gate = up
     state = {"model.embed_tokens.weight": ours["transformer.wte.weight"][:vocab_size],
              "model.norm.weight": ours["transformer.ln_f.weight"],
              "lm_head.weight": ours["lm_head.weight"][:vocab_size]}
@@ -171,7 +188,7 @@ def to_hf(model: GPT):
     common = dict(vocab_size=GPT2_VOCAB_SIZE, hidden_size=cfg.n_embd, intermediate_size=cfg.mlp_hidden,
                   num_hidden_layers=cfg.n_layer, num_attention_heads=cfg.n_head, num_key_value_heads=cfg.kv_heads,
                   head_dim=cfg.head_size, max_position_embeddings=cfg.block_size, rms_norm_eps=RMS_NORM_EPS,
-                  rope_theta=float(cfg.rope_theta), rope_scaling=None, hidden_act="silu", attention_bias=False,
+                  rope_theta=float(cfg.rope_theta), rope_scaling=None, hidden_act=HF_ACT[cfg.mlp], attention_bias=False,
                   attention_dropout=cfg.dropout, tie_word_embeddings=cfg.tie_embeddings, bos_token_id=EOT_ID,
                   eos_token_id=EOT_ID, architectures=[HF_CLASSES[model_type]])
     if model_type == "llama":

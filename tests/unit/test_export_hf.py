@@ -63,6 +63,9 @@ VARIANTS = {  # name: (GPTConfig overrides, the class that computes it)
     "llama": (LLAMA, "LlamaForCausalLM"),
     "llama-gqa-untied": ({**LLAMA, "n_kv_head": 2, "tie_embeddings": False, "rope_theta": 500.0}, "LlamaForCausalLM"),
     "qwen3-mqa": ({**LLAMA, "n_kv_head": 1, "qk_norm": True}, "Qwen3ForCausalLM"),
+    # config/modern.py's model: ReLU² as a ReLU gated MLP with gate = up
+    "modern-relu2": ({**LLAMA, "mlp": "relu2", "qk_norm": True, "tie_embeddings": False}, "Qwen3ForCausalLM"),
+    "llama-relu2": ({**LLAMA, "mlp": "relu2"}, "LlamaForCausalLM"),
 }
 
 
@@ -98,6 +101,7 @@ def test_every_exportable_variant_computes_our_logits_and_reads_back(tmp_path, n
 
 @pytest.mark.parametrize("overrides, named", [
     (dict(mlp="relu2"), "pos_emb='learned' with mlp='relu2'"),
+    ({**LLAMA, "mlp": "relu2", "logit_softcap": 15.0}, "pos_emb='rope' with logit_softcap=15.0"),
     (dict(logit_softcap=30.0), "pos_emb='learned' with logit_softcap=30.0"),
     (dict(norm="rmsnorm"), "pos_emb='learned' with norm='rmsnorm'"),
     (dict(n_kv_head=2, n_embd=16), "pos_emb='learned' with n_kv_head=2"),
@@ -120,4 +124,16 @@ def test_a_llama_folder_model_py_cannot_compute_is_refused_naming_the_setting(tm
     LlamaForCausalLM(config).save_pretrained(tmp_path / "llama")
     with pytest.raises(UserError, match=r"intermediate_size=100, rms_norm_eps=1e-06 is not a llama that model.py "
                                         r"implements \(SiLU SwiGLU of width 256"):
+        hf.load_pretrained(str(tmp_path / "llama"))
+
+
+def test_a_relu_gated_folder_whose_gate_and_up_differ_is_refused_naming_the_layer(tmp_path):
+    """A ReLU gated MLP is model.py's ReLU² only with gate = up: any other such folder is refused, not misread."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, rms_norm_eps=1e-5, max_position_embeddings=16, hidden_act="relu")
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "llama")
+    with pytest.raises(UserError, match=r"layer 0's mlp.gate_proj and mlp.up_proj differ: a ReLU gated MLP is "):
         hf.load_pretrained(str(tmp_path / "llama"))
