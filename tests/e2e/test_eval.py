@@ -33,16 +33,23 @@ from pilegpt.data import read_windows, window_starts
 from pilegpt.tokenizer import gpt2
 
 
-def test_two_processes_count_what_one_counts(model_file, tmp_path, capsys):
+@pytest.mark.parametrize("task", ["hellaswag", "core"])
+def test_two_processes_count_what_one_counts(model_file, tmp_path, capsys, task):
+    """The items split over 2 ranks (every world-th) and gathered: the same predictions, in the same order, as one
+    process, and so the same accuracy (HellaSwag) or CORE."""
     outs = {}
-    args = [model_file, "--task", "hellaswag", "--data", HELLASWAG_TINY, "--limit", "30"]
+    data = ["--data", HELLASWAG_TINY, "--limit", "30"] if task == "hellaswag" else [
+        "--data", write_core_bundle(tmp_path / "bundle"), "--max-per-task", "5"]
+    args = [model_file, "--task", task, *data]
     assert eval_script.main([*map(str, args), "--out", str(tmp_path / "r1.json")]) == 0  # 1: this process
     succeeded(run_command([sys.executable, "-m", "composer.cli.launcher", "-n", "2", REPO / "eval.py", *args, "--out",
                            tmp_path / "r2.json"], tmp_path))
     for n in (1, 2):
         outs[n] = json.loads((tmp_path / f"r{n}.json").read_text())
-    assert outs[1]["n"] == outs[2]["n"] == 30
+    assert outs[1]["n"] == outs[2]["n"] == (30 if task == "hellaswag" else 5 + 5 + 5 + 4)  # CORE_BUNDLE: lm has 4 rows
     assert outs[1]["predictions"] == outs[2]["predictions"]
+    if task == "core":
+        assert outs[1]["core"] == outs[2]["core"] and outs[1]["tasks"] == outs[2]["tasks"]
 
 
 def test_a_bad_line_only_rank_1_reads_exits_2_on_every_rank(model_file, tmp_path):
