@@ -71,7 +71,7 @@ def test_a_component_of_only_empty_documents_has_no_bpb_and_a_lone_surrogate_is_
     assert result["components"]["Empty"] == {"bpb": None, "documents": 2, "bytes": 0, "tokens": 0}
     assert result["bpb"] > 0 and result["documents"] == len(records)
     report.main([str(tmp_path / "run")])
-    assert "| this run: Empty | 2 | none (all empty) | `pile.json` |" in (tmp_path / "run" / "report.md").read_text()
+    assert "| Empty | 2 | none (all empty) |  |  |  |  |" in (tmp_path / "run" / "report.md").read_text()  # not Pile
     write_pile(tmp_path / "empty.jsonl", records[-2:])
     line = failed_with_one_line(run_command(script("eval.py", model, "--task", "pile", "--data",
                                                    tmp_path / "empty.jsonl")))
