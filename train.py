@@ -38,7 +38,7 @@ from composer.callbacks import LRMonitor, MemoryMonitor, RuntimeEstimator, Speed
 from composer.core import DataSpec, Evaluator
 from composer.loggers import FileLogger, LoggerDestination
 from composer.models import ComposerModel
-from composer.optim import CosineAnnealingWithWarmupScheduler
+from composer.optim import ComposerScheduler
 from composer.utils import reproducibility
 
 from model import GPT, Block, GPTConfig
@@ -93,6 +93,7 @@ from pilegpt.train.preemption import PREEMPTED, CheckpointClock, StopOnSignal
 from pilegpt.train.report import PLOT, REPORT, write_report
 from pilegpt.train.run_folder import CONFIG_JSON, RunFolder
 from pilegpt.train.run_uploads import S3Uploads, checkpoint_uploads
+from pilegpt.train.schedule import build_scheduler
 
 METRICS_JSONL = "metrics.jsonl"
 
@@ -171,7 +172,7 @@ class Pretrained(NamedTuple):
 class Optimization(NamedTuple):
     """How the weights move: the Trainer's optimizer, schedule and algorithms (build_optimizer)."""
     optimizer: torch.optim.Optimizer
-    scheduler: CosineAnnealingWithWarmupScheduler
+    scheduler: ComposerScheduler
     algorithms: list  # Composer algorithms, applied in this order at each event
     settings: list[dict]  # each group's hyperparameters as built: on autoresume they replace the checkpoint's
 
@@ -372,10 +373,10 @@ def build_optimizer(cfg: TrainConfig, model: ComposerGPT, device: str, precision
     # the gradients' global norm clipped to grad_clip after the backward pass, before the optimizer step
     # (Composer's GradientClipping runs at AFTER_TRAIN_BATCH); grad_clip=0 turns it off
     clipping = [GradientClipping(clipping_type="norm", clipping_threshold=cfg.grad_clip)] if cfg.grad_clip else []
-    # linear warmup to learning_rate over `warmup`, then a cosine decay to min_lr at max_duration. Composer runs it as
-    # a LambdaLR: one factor times each group's own initial lr, so Muon's groups go from muon_lr to
-    # muon_lr * min_lr / learning_rate on the same curve (test_muon.py checks it)
-    scheduler = CosineAnnealingWithWarmupScheduler(t_warmup=cfg.warmup, alpha_f=cfg.min_lr / cfg.learning_rate)
+    # linear warmup to learning_rate over `warmup`, then a cosine decay (or lr_schedule="wsd": the peak, then a linear
+    # warmdown) to min_lr at max_duration. Composer runs it as a LambdaLR: one factor times each group's own initial
+    # lr, so Muon's groups go from muon_lr to muon_lr * min_lr / learning_rate on the same curve (test_muon.py)
+    scheduler = build_scheduler(cfg)
     # Composer applies algorithms in list order at each event: the clipping first, then the user's
     return Optimization(optimizer, scheduler, [*clipping, *build_algorithms(cfg, device, precision)],
                         group_settings(optimizer))

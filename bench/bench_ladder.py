@@ -39,7 +39,7 @@ import bench_recipe  # noqa: E402
 from pilegpt.common import UserError, run_main  # noqa: E402
 
 SHAKESPEARE = REPO / "tests" / "fixtures" / "tinyshakespeare.txt"
-RUNGS = {"4x128": (4, 4, 128), "5x192": (5, 3, 192), "6x256": (6, 4, 256), "8x384": (8, 6, 384)}  # n_layer, heads, n_embd
+RUNGS = {"4x128": (4, 4, 128), "5x192": (5, 3, 192), "6x256": (6, 4, 256), "8x384": (8, 6, 384)}  # layers, heads, width
 DEFAULT_RUNGS = "4x128,5x192,6x256"  # 0.79M to 4.7M parameters in the blocks (6x); 8x384 (14M) takes ~35 min a rung
 RECIPES = {"gpt2": [], "modern": [str(REPO / "config" / "modern.py")]}
 VOCAB, BLOCK, TOKENS_PER_STEP = 50304, 128, 4 * 128  # config/quickstart.py's

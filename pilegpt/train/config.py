@@ -68,7 +68,9 @@ class TrainConfig:
     learning_rate: float = 6e-4  # peak learning rate, reached after warmup (AdamW's, also with optimizer="muon")
     muon_lr: float = 0.02  # Muon's peak learning rate (optimizer="muon"), on the same schedule as learning_rate
     muon_momentum: float = 0.95  # Muon's momentum (Nesterov)
-    min_lr: float = 6e-5  # learning rate at the end of the cosine decay
+    min_lr: float = 6e-5  # learning rate at the end of the schedule (max_duration)
+    lr_schedule: str = "cosine"  # "cosine": warmup, cosine decay; "wsd": warmup, the peak, a linear warmdown
+    warmdown: float = 0.2  # lr_schedule="wsd": the last fraction of max_duration, where the rate falls to min_lr
     weight_decay: float = 0.1  # decoupled weight decay on 2-D weights only (p -= lr * weight_decay * p)
     beta1: float = 0.9  # AdamW beta1
     beta2: float = 0.95  # AdamW beta2
@@ -240,10 +242,17 @@ class TrainConfig:
         return errors
 
     def _check_schedule(self) -> list[str]:
-        """The four Composer time strings, and a warmup in max_duration's unit."""
+        """The schedule's kind, and the four Composer time strings, a warmup in max_duration's unit."""
         from composer.core import Time, TimeUnit
 
+        from pilegpt.train.schedule import SCHEDULES
+
         errors, units = [], {}
+        if self.lr_schedule not in SCHEDULES:
+            errors.append(f"lr_schedule must be one of {', '.join(map(repr, SCHEDULES))}, got {self.lr_schedule!r}")
+        if not 0 < self.warmdown <= 1:
+            errors.append(f"warmdown must be a fraction of max_duration in (0, 1], got {self.warmdown} "
+                          "(lr_schedule='wsd' decays to min_lr over that last part of the run; nanochat: 0.2)")
         for name in ("warmup", "max_duration", "eval_interval", "save_interval"):
             try:
                 parsed = Time.from_timestring(getattr(self, name))

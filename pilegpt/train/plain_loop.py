@@ -17,6 +17,7 @@ from pilegpt.common import UserError
 from pilegpt.train.config import TrainConfig
 from pilegpt.train.loaders import build_dataloaders
 from pilegpt.train.muon import Muon, muon_groups
+from pilegpt.train.schedule import wsd_decay
 
 
 def batches(duration: str, name: str) -> int:
@@ -27,7 +28,13 @@ def batches(duration: str, name: str) -> int:
 
 
 def learning_rate(cfg: TrainConfig, it: int, max_batches: int, warmup: int) -> float:
-    """Composer's CosineAnnealingWithWarmupScheduler at batch `it`: linear warmup, then cosine decay to min_lr."""
+    """train.py's schedule at batch `it` (pilegpt/train/schedule.py). cosine: Composer's
+    CosineAnnealingWithWarmupScheduler, linear warmup, then cosine decay to min_lr. wsd: the same warmup times a
+    factor that stays 1 until the last `warmdown` of the run, then falls linearly to min_lr."""
+    if cfg.lr_schedule == "wsd":
+        warm = min(1.0, it / warmup) if warmup else 1.0
+        decay = wsd_decay(it / max_batches, cfg.warmdown)
+        return warm * (cfg.min_lr + (cfg.learning_rate - cfg.min_lr) * decay)
     if it < warmup:
         return cfg.learning_rate * it / warmup
     decay = 0.5 * (1 + math.cos(math.pi * (it - warmup) / max(1, max_batches - warmup)))  # 1 -> 0

@@ -1,0 +1,56 @@
+"""train.py's lr_schedule="wsd" (warmup, the peak, a linear warmdown to min_lr; pilegpt/train/schedule.py): the
+learning rate of every batch is the formula's for AdamW's and Muon's groups alike, the plain reference loop gives
+train.py's losses, and a schedule changed on autoresume applies from the checkpoint's batch on."""
+
+import numpy as np
+import pytest
+
+import train
+from e2e.test_train import simulate_crash_after
+from helpers import REPO, SMALL, losses_by_batch, read_jsonl
+from pilegpt.train import plain_loop
+from pilegpt.train.config import load_config
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def wsd(it: int, peak: float, low: float, warmup: int = 2, total: int = 10, warmdown: float = 0.4) -> float:
+    """The learning rate of the batch after `it` batches, by hand: warmup to peak, peak, then linear to low."""
+    warm = min(1.0, it / warmup)
+    decay = min(1.0, max(0.0, (1 - it / total) / warmdown))
+    return warm * (low + (peak - low) * decay)
+
+
+def rates(run_dir, key: str = "lr") -> dict[int, float]:
+    return {r["batch"]: r[key] for r in read_jsonl(run_dir / "metrics.jsonl") if key in r}
+
+
+def test_wsd_follows_its_formula_for_every_group_and_the_plain_loop_gives_its_losses(shakespeare_bin, tmp_path):
+    run_dir = tmp_path / "run"
+    args = [str(REPO / "config" / "tiny.py"), f"--data_dir={shakespeare_bin}", *SMALL, "--optimizer=muon",
+            "--lr_schedule=wsd", "--warmdown=0.4", "--min_lr=3e-4", "--max_duration=10ba", "--eval_interval=100ba",
+            "--sample_length=0", "--progress_bar=False", f"--save_folder={run_dir}", "--device=cpu"]
+    train.main(args)
+    # batch b trains at the rate after b - 1 batches: 2 warmup batches, the peak to batch 7, then down to min_lr
+    lr, muon_lr = rates(run_dir), rates(run_dir, "muon_lr")
+    assert [round(lr[b], 9) for b in range(1, 11)] == [round(wsd(b - 1, 3e-3, 3e-4), 9) for b in range(1, 11)]
+    assert lr[3] == lr[7] == pytest.approx(3e-3) and lr[8] < lr[7] and lr[10] == pytest.approx(3e-4 + 2.7e-3 / 4)
+    assert [round(muon_lr[b], 9) for b in range(1, 11)] == [round(wsd(b - 1, 0.02, 0.002), 9) for b in range(1, 11)]
+    plain = [loss for _, _, loss in plain_loop.train(load_config(args))]
+    losses = losses_by_batch(run_dir)
+    np.testing.assert_allclose(plain, [losses[b] for b in range(1, 11)], rtol=1e-5)
+
+
+def test_a_schedule_changed_on_autoresume_applies_from_the_checkpoints_batch_on(shakespeare_bin, tmp_path):
+    run_dir = tmp_path / "run"
+    args = [str(REPO / "config" / "tiny.py"), f"--data_dir={shakespeare_bin}", *SMALL, "--min_lr=3e-4",
+            "--max_duration=10ba", "--save_interval=5ba", "--eval_interval=100ba", "--sample_length=0",
+            "--progress_bar=False", f"--save_folder={run_dir}", "--device=cpu"]
+    train.main(args)  # cosine
+    cosine = rates(run_dir)
+    simulate_crash_after(run_dir, keep_batch=5)
+    train.main([*args, "--lr_schedule=wsd", "--warmdown=0.4", "--autoresume=True"])
+    resumed = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "lr" in r][10:]
+    assert [r["batch"] for r in resumed] == [6, 7, 8, 9, 10]
+    assert [round(r["lr"], 9) for r in resumed] == [round(wsd(b - 1, 3e-3, 3e-4), 9) for b in range(6, 11)]
+    assert resumed[0]["lr"] != pytest.approx(cosine[6])  # the cosine had begun to fall; wsd is still at its peak
