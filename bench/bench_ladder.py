@@ -156,7 +156,25 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                    help="one more recipe: a name, then train.py settings after the size (space-separated)")
     p.add_argument("--plot", type=Path, help="write the loss-vs-FLOPs plot here (PNG)")
     p.add_argument("--json", type=Path, help="write every run's curve and step time here")
+    p.add_argument("--reuse", type=Path, help="an earlier --json of the same --steps and --eval-every: its runs "
+                   "are taken as they are, only the others are made (e.g. a --try added to a measured ladder)")
     return p.parse_args(argv)
+
+
+def reused_runs(args: argparse.Namespace) -> dict[str, "bench_recipe.Result"]:
+    """--reuse's runs by "rung|recipe|seed" (none without it); a file of other steps is one line."""
+    if not args.reuse:
+        return {}
+    try:
+        record = json.loads(args.reuse.read_text())
+        runs = {k: bench_recipe.Result([tuple(p) for p in r["curve"]], r["step_s"], r["wall_s"])
+                for k, r in record["runs"].items()}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"--reuse {args.reuse}: not a bench_ladder.py --json file ({e})") from None
+    if (record.get("steps"), record.get("eval_every")) != (args.steps, args.eval_every):
+        raise UserError(f"--reuse {args.reuse}: its runs are {record.get('steps')} steps evaluated every "
+                        f"{record.get('eval_every')}, not {args.steps} and {args.eval_every}: give the same")
+    return runs
 
 
 def checked(args: argparse.Namespace) -> tuple[list[str], list[int]]:
@@ -187,14 +205,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.corpus_only:
             print(f"corpus: {data_dir} ({json.loads((data_dir / 'meta.json').read_text()).get('splits')})")
             return 0
+        reused = reused_runs(args)
         runs = {f"{rung}|{name}|{seed}": [*rung_settings(rung, seed), *settings]
-                for rung in rungs for seed in seeds for name, settings in recipes.items()}
+                for rung in rungs for seed in seeds for name, settings in recipes.items()
+                if f"{rung}|{name}|{seed}" not in reused}
         work = Path(tmp) / "runs"
         work.mkdir()
         opts = argparse.Namespace(rounds=1, jobs=args.jobs, threads=args.threads, steps=args.steps,
                                   eval_every=args.eval_every)
-        merged = {tuple(k.split("|")): rs[0] for k, rs in bench_recipe.run_all(runs, data_dir, work, opts).items()}
-    all_results = {(rung, name, int(seed)): r for (rung, name, seed), r in merged.items()}
+        made = {k: rs[0] for k, rs in bench_recipe.run_all(runs, data_dir, work, opts).items()} if runs else {}
+    wanted = {f"{rung}|{name}|{seed}" for rung in rungs for seed in seeds for name in recipes}
+    all_results = {(k.split("|")[0], k.split("|")[1], int(k.split("|")[2])): r
+                   for k, r in {**reused, **made}.items() if k in wanted}
     print(f"\n{args.steps} steps of {TOKENS_PER_STEP} tokens (config/quickstart.py's batch and schedule) on "
           f"Shakespeare + Python {sys.version.split()[0]}'s library, {os.cpu_count()} CPU cores, {args.jobs} run(s) "
           f"at a time, {args.threads} thread(s) each, {time.time() - start:.0f} s in all:\n")
@@ -202,7 +224,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("\n".join(rung_table(rung, {(n, s): r for (g, n, s), r in all_results.items() if g == rung}, seeds,
                                    args.steps)) + "\n")
     if args.json:
-        args.json.write_text(json.dumps({"|".join(map(str, k)): r._asdict() for k, r in all_results.items()}))
+        args.json.write_text(json.dumps({"steps": args.steps, "eval_every": args.eval_every, "runs": {
+            "|".join(map(str, k)): r._asdict() for k, r in all_results.items()}}))
     if args.plot:
         plot(all_results, args.plot)
     return 0

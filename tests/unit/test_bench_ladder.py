@@ -60,3 +60,16 @@ def test_each_recipe_is_measured_against_the_same_seeds_gpt2_run():
     assert lines[2] == "| | gpt2 | 0 | 5.0000 | 100 | 1.00 | " + f"{100 * flops / 1e9:,.0f} | 30 | 1.00 |"
     assert lines[3] == "| | modern | 0 | 4.5000 | 50 | 0.50 | " + f"{50 * flops / 1e9:,.0f} | 22 | 0.75 |"
     assert lines[5] == "| | modern | 1 | 5.6000 | not reached | - | - | - | - |"
+
+
+def test_reuse_takes_an_earlier_json_of_the_same_steps_and_refuses_another(tmp_path):
+    earlier = tmp_path / "ladder.json"
+    earlier.write_text('{"steps": 600, "eval_every": 50, "runs": {"4x128|gpt2|0": '
+                       '{"curve": [[50, 6.0], [600, 5.1]], "step_s": 0.3, "wall_s": 0.31}}}')
+    args = ladder.parse_args(["--reuse", str(earlier), "--eval-every", "50"])
+    assert ladder.reused_runs(args) == {"4x128|gpt2|0": ladder.bench_recipe.Result([(50, 6.0), (600, 5.1)], 0.3, 0.31)}
+    with pytest.raises(UserError, match=r"^--reuse .*: its runs are 600 steps evaluated every 50, not 600 and 25"):
+        ladder.reused_runs(ladder.parse_args(["--reuse", str(earlier)]))
+    earlier.write_text('{"4x128|gpt2|0": {}}')
+    with pytest.raises(UserError, match=r"^--reuse .*: not a bench_ladder.py --json file"):
+        ladder.reused_runs(args)
