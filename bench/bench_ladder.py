@@ -64,15 +64,7 @@ def make_data(folder: Path) -> Path:
     out = folder / "tokens"
     if (out / "meta.json").is_file():
         return out
-    text = write_corpus(folder)
-    cmd = [sys.executable, str(REPO / "prepare_data.py"), "--input", str(text), "--val-fraction", "0.05",
-           "--out-dir", str(out)]
-    import subprocess
-
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise UserError(f"prepare_data.py failed: {done.stdout[-2000:]}{done.stderr[-2000:]}")
-    return out
+    return bench_recipe.tokenize(write_corpus(folder), out, 0.05)
 
 
 def flops_per_step(n_layer: int, n_embd: int, recipe: str) -> float:

@@ -60,8 +60,12 @@ def make_data(folder: Path) -> Path:
     lines = SHAKESPEARE.read_text().splitlines(keepends=True)
     for i in range(40):
         (text / f"part-{i:02d}.txt").write_text("".join(lines[i * len(lines) // 40:(i + 1) * len(lines) // 40]))
-    out = folder / "tokens"
-    cmd = [sys.executable, str(REPO / "prepare_data.py"), "--input", str(text), "--val-fraction", "0.1",
+    return tokenize(text, folder / "tokens", 0.1)
+
+
+def tokenize(text: Path, out: Path, val_fraction: float) -> Path:
+    """prepare_data.py on a folder of text files (whole documents held out for val): the .bin folder `out`."""
+    cmd = [sys.executable, str(REPO / "prepare_data.py"), "--input", str(text), "--val-fraction", str(val_fraction),
            "--out-dir", str(out)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
