@@ -1,14 +1,14 @@
 """The preset against the GPT-2 recipe as the model grows: a ladder of model sizes on CPU, two seeds a run.
 
 Usage:
-    python bench/bench_ladder.py                                # every rung, gpt2 and modern, seeds 0 and 1
-    python bench/bench_ladder.py --rungs 4x128 --steps 600     # the smallest rung alone (~6 min on 2 cores)
+    python bench/bench_ladder.py                                # every rung, gpt2 and modern, seeds 0 and 1 (~50 min)
+    python bench/bench_ladder.py --rungs 4x128 --steps 600     # the smallest rung alone (~9 min on 2 cores)
     python bench/bench_ladder.py --rungs 6x256 --try "lr2=config/modern.py --muon_lr=0.01"
     python bench/bench_ladder.py --corpus data/ladder --corpus-only   # write the corpus and stop
 
 The corpus is one the quickstart never trains on: tiny Shakespeare (tests/fixtures) and the Python standard
 library's own top-level source files (this interpreter's, sorted by name), each file a document, tokenized by
-prepare_data.py (GPT-2 BPE) with whole documents held out for val (~2.3M tokens with Python 3.11's library).
+prepare_data.py (GPT-2 BPE) with whole documents held out for val (2.47M tokens with Python 3.11.7's).
 Every rung trains config/quickstart.py's batch and schedule (4 x 128 tokens a step, its learning rates) at one
 model size through the plain loop that bench_recipe.py uses (pinned to train.py's losses), for --steps steps: a
 run sees fewer tokens than the train split holds, so no rung repeats its data. Recipes: `gpt2` (GPT-2's
@@ -139,7 +139,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--rungs", default=DEFAULT_RUNGS, help=f"comma-separated, of {', '.join(RUNGS)}")
     p.add_argument("--seeds", default="0,1", help="comma-separated seeds: each run is made once per seed")
     p.add_argument("--steps", type=int, default=600, help="training steps per run")
-    p.add_argument("--eval-every", type=int, default=25, help="steps between val evaluations")
+    p.add_argument("--eval-every", type=int, default=50, help="steps between val evaluations")
     p.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each")
     p.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each run")
     p.add_argument("--corpus", type=Path, help="keep the corpus in this folder (default: a temporary one)")

@@ -69,7 +69,7 @@ def test_reuse_takes_an_earlier_json_of_the_same_steps_and_refuses_another(tmp_p
     args = ladder.parse_args(["--reuse", str(earlier), "--eval-every", "50"])
     assert ladder.reused_runs(args) == {"4x128|gpt2|0": ladder.bench_recipe.Result([(50, 6.0), (600, 5.1)], 0.3, 0.31)}
     with pytest.raises(UserError, match=r"^--reuse .*: its runs are 600 steps evaluated every 50, not 600 and 25"):
-        ladder.reused_runs(ladder.parse_args(["--reuse", str(earlier)]))
+        ladder.reused_runs(ladder.parse_args(["--reuse", str(earlier), "--eval-every", "25"]))
     earlier.write_text('{"4x128|gpt2|0": {}}')
     with pytest.raises(UserError, match=r"^--reuse .*: not a bench_ladder.py --json file"):
         ladder.reused_runs(args)
