@@ -197,7 +197,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         cfg = folder.cfg
         if world.rank == 0:
             print(f"train.py: {world.size} process(es) on {device}, precision {precision}; config:\n"
-                  + mask_secrets(config_text(cfg)), flush=True)
+                  + mask_secrets(config_text(cfg)) + (f"\n{cfg.width_rule_note()}" if cfg.lr_base_width else ""),
+                  flush=True)
         model = build_model(cfg, pretrained, folder, world)
         del pretrained  # its weights are in the model now (or not wanted): free them
         trainer, out = build_trainer(cfg, model, folder, world, device, precision)
@@ -364,11 +365,12 @@ def build_data(cfg: TrainConfig, model: ComposerGPT, world: World,
 def build_optimizer(cfg: TrainConfig, model: ComposerGPT, device: str, precision: str) -> Optimization:
     """AdamW (or Muon and AdamW), gradient clipping and the learning-rate schedule (pilegpt/train/plain_loop.py does
     the same by hand), then the user's algorithms (cfg.algorithms)."""
+    # AdamW's rate: learning_rate, or with lr_base_width learning_rate x (lr_base_width / n_embd) ** 0.5
     if cfg.optimizer == "muon":  # Muon for the blocks' 2-D weights at muon_lr, AdamW for the rest at learning_rate
-        optimizer = Muon(muon_groups(model.model, cfg.weight_decay, cfg.muon_lr, cfg.learning_rate),
+        optimizer = Muon(muon_groups(model.model, cfg.weight_decay, cfg.muon_lr, cfg.adamw_lr()),
                          momentum=cfg.muon_momentum, betas=(cfg.beta1, cfg.beta2), fused=device == "gpu")
     else:  # weight decay on the 2-D weights only: GPT.optim_groups puts each parameter in one of two groups
-        optimizer = torch.optim.AdamW(model.optim_groups(cfg.weight_decay), lr=cfg.learning_rate,
+        optimizer = torch.optim.AdamW(model.optim_groups(cfg.weight_decay), lr=cfg.adamw_lr(),
                                       betas=(cfg.beta1, cfg.beta2), fused=device == "gpu")
     # the gradients' global norm clipped to grad_clip after the backward pass, before the optimizer step
     # (Composer's GradientClipping runs at AFTER_TRAIN_BATCH); grad_clip=0 turns it off

@@ -67,6 +67,7 @@ class TrainConfig:
     optimizer: str = "adamw"  # "adamw", or "muon": Muon for the blocks' 2-D weights, AdamW for the rest
     learning_rate: float = 6e-4  # peak learning rate, reached after warmup (AdamW's, also with optimizer="muon")
     muon_lr: float = 0.02  # Muon's peak learning rate (optimizer="muon"), on the same schedule as learning_rate
+    lr_base_width: int = 0  # > 0: learning_rate and min_lr are AdamW's at this n_embd, x (lr_base_width/n_embd)**0.5
     muon_momentum: float = 0.95  # Muon's momentum (Nesterov)
     min_lr: float = 6e-5  # learning rate at the end of the schedule (max_duration)
     lr_schedule: str = "cosine"  # "cosine": warmup, cosine decay; "wsd": warmup, the peak, a linear warmdown
@@ -234,6 +235,12 @@ class TrainConfig:
             errors.append(f"optimizer must be 'adamw' or 'muon', got {self.optimizer!r}")
         if not 0 < self.muon_lr:
             errors.append(f"muon_lr must be > 0, got {self.muon_lr}")
+        if self.lr_base_width < 0:
+            errors.append(f"lr_base_width must be >= 0 (0 = off; else the width learning_rate is stated for, e.g. "
+                          f"128), got {self.lr_base_width}")
+        elif self.lr_base_width and self.model_class:
+            errors.append(f"lr_base_width={self.lr_base_width} scales AdamW's rates by model.py's n_embd, which "
+                          f"model_class={self.model_class} does not use: set lr_base_width=0")
         if not 0 <= self.muon_momentum < 1:
             errors.append(f"muon_momentum must be in [0, 1), got {self.muon_momentum}")
         if self.optimizer == "muon" and self.fsdp:  # Newton-Schulz needs the whole matrix; a rank holds a shard
@@ -327,6 +334,23 @@ class TrainConfig:
         if self.log_interval < 1 or self.speed_window < 1:
             errors.append("log_interval and speed_window must be >= 1")
         return errors
+
+    def adamw_lr(self) -> float:
+        """AdamW's peak learning rate for this model: learning_rate, or with lr_base_width the width rule's
+        learning_rate x (lr_base_width / n_embd) ** 0.5 (docs/training.md#learning-rates-across-sizes)."""
+        return self.learning_rate * self.width_scale()
+
+    def width_scale(self) -> float:
+        """lr_base_width's factor on AdamW's rates (1.0 when off, or at the base width itself)."""
+        return (self.lr_base_width / self.n_embd) ** 0.5 if self.lr_base_width else 1.0
+
+    def width_rule_note(self) -> str:
+        """One line saying what lr_base_width made of AdamW's rates (train.py prints it with the config)."""
+        b, n, k = self.lr_base_width, self.n_embd, self.width_scale()
+        return (f"lr_base_width={b}: learning_rate={self.learning_rate:g} and min_lr={self.min_lr:g} are AdamW's "
+                f"rates at n_embd={b}; at n_embd={n}, x ({b}/{n})**0.5 = {k:.4g}: {self.adamw_lr():.4g} and "
+                f"{self.min_lr * k:.4g}" + (f"; Muon's muon_lr={self.muon_lr:g} as set" if self.optimizer == "muon"
+                                           else ""))
 
     def model_config(self):
         from model import GPTConfig

@@ -53,10 +53,10 @@ def train(cfg: TrainConfig, model: GPT | None = None) -> Iterator[tuple[int, int
     Composer's microbatches (when device_train_microbatch_size is smaller) add up to the same gradient."""
     model = build_model(cfg) if model is None else model
     if cfg.optimizer == "muon":  # Muon for the blocks' 2-D weights, AdamW for embeddings, biases and LayerNorm gains
-        optimizer = Muon(muon_groups(model, cfg.weight_decay, cfg.muon_lr, cfg.learning_rate),
+        optimizer = Muon(muon_groups(model, cfg.weight_decay, cfg.muon_lr, cfg.adamw_lr()),
                          momentum=cfg.muon_momentum, betas=(cfg.beta1, cfg.beta2))
     else:  # weight decay on the 2-D weights only (matmuls, embeddings), not on biases and LayerNorm gains
-        optimizer = torch.optim.AdamW(model.optim_groups(cfg.weight_decay), lr=cfg.learning_rate,
+        optimizer = torch.optim.AdamW(model.optim_groups(cfg.weight_decay), lr=cfg.adamw_lr(),
                                       betas=(cfg.beta1, cfg.beta2))
     # train.py's own loader: non-overlapping windows in the order its seeded sampler gives, epoch after epoch
     loader = build_dataloaders(cfg, 1, 0, pin_memory=False)[0].dataloader
@@ -69,9 +69,9 @@ def train(cfg: TrainConfig, model: GPT | None = None) -> Iterator[tuple[int, int
         x, y = batch["x"], batch["y"]  # (B, T) token ids; y is x shifted left by one token
         # Composer sets lr(0) at the start, then steps its scheduler after each batch before the batch count moves
         # on: batch `it` (from 0) trains at lr(it - 1), the first two at lr(0)
-        for group in optimizer.param_groups:  # Muon's groups: the same curve, scaled to peak at muon_lr
+        for group in optimizer.param_groups:  # the same curve for all, scaled to peak at muon_lr or adamw_lr()
             lr = learning_rate(cfg, max(0, it - 1), max_batches, warmup)
-            group["lr"] = lr * cfg.muon_lr / cfg.learning_rate if group.get("muon") else lr
+            group["lr"] = lr * cfg.muon_lr / cfg.learning_rate if group.get("muon") else lr * cfg.width_scale()
         _, loss = model(x, targets=y)  # logits (B, T, vocab_size); loss: the mean cross-entropy of the B*T targets
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -8,6 +8,7 @@ import pytest
 import train
 from e2e.test_train import simulate_crash_after
 from helpers import REPO, SMALL, losses_by_batch, read_jsonl
+from pilegpt.common import UserError
 from pilegpt.train import plain_loop
 from pilegpt.train.config import load_config
 
@@ -54,3 +55,51 @@ def test_a_schedule_changed_on_autoresume_applies_from_the_checkpoints_batch_on(
     assert [r["batch"] for r in resumed] == [6, 7, 8, 9, 10]
     assert [round(r["lr"], 9) for r in resumed] == [round(wsd(b - 1, 3e-3, 3e-4), 9) for b in range(6, 11)]
     assert resumed[0]["lr"] != pytest.approx(cosine[6])  # the cosine had begun to fall; wsd is still at its peak
+
+
+def test_lr_base_width_scales_adamws_rates_by_the_width_rule_and_leaves_muons(shakespeare_bin, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    args = [str(REPO / "config" / "tiny.py"), f"--data_dir={shakespeare_bin}", *SMALL, "--optimizer=muon",
+            "--lr_base_width=8", "--min_lr=3e-4", "--max_duration=6ba", "--eval_interval=100ba", "--sample_length=0",
+            "--progress_bar=False", f"--save_folder={run_dir}", "--device=cpu"]
+    train.main(args)
+    assert ("lr_base_width=8: learning_rate=0.003 and min_lr=0.0003 are AdamW's rates at n_embd=8; at n_embd=32, "
+            "x (8/32)**0.5 = 0.5: 0.0015 and 0.00015; Muon's muon_lr=0.02 as set") in capsys.readouterr().out
+    cfg = load_config(args)
+    # SMALL's n_embd=32 against a base of 8: AdamW's whole curve x 0.5; Muon's as without the rule
+    curve = [plain_loop.learning_rate(cfg, b - 1, 6, 2) for b in range(1, 7)]
+    lr, muon_lr = rates(run_dir), rates(run_dir, "muon_lr")
+    assert [round(lr[b], 10) for b in range(1, 7)] == [round(0.5 * c, 10) for c in curve]
+    assert lr[3] == pytest.approx(1.5e-3) and lr[6] > 1.5e-4
+    assert [round(muon_lr[b], 10) for b in range(1, 7)] == [round(c * 0.02 / 3e-3, 10) for c in curve]
+    plain = [loss for _, _, loss in plain_loop.train(cfg)]
+    losses = losses_by_batch(run_dir)
+    np.testing.assert_allclose(plain, [losses[b] for b in range(1, 7)], rtol=1e-5)
+    # at the base width itself the rule changes nothing: the same losses as without it, bit for bit
+    same = [loss for _, _, loss in plain_loop.train(load_config([*args, "--lr_base_width=32"]))]
+    off = [loss for _, _, loss in plain_loop.train(load_config([*args, "--lr_base_width=0"]))]
+    assert same == off and not np.allclose(off, plain, rtol=1e-5)
+
+
+@pytest.mark.parametrize("value, says", [("-1", "lr_base_width must be >= 0"), ("x", "lr_base_width"),
+                                         ("1.5", "lr_base_width"), ("nan", "lr_base_width")])
+def test_a_bad_lr_base_width_is_one_line(value, says, tmp_path):
+    with pytest.raises(UserError, match=says):
+        load_config([str(REPO / "config" / "tiny.py"), f"--lr_base_width={value}", f"--save_folder={tmp_path}"])
+
+
+def test_lr_base_width_set_on_autoresume_scales_the_rates_from_the_checkpoints_batch_on(shakespeare_bin, tmp_path,
+                                                                                        capsys):
+    run_dir = tmp_path / "run"
+    args = [str(REPO / "config" / "tiny.py"), f"--data_dir={shakespeare_bin}", *SMALL, "--min_lr=3e-4",
+            "--max_duration=10ba", "--save_interval=5ba", "--eval_interval=100ba", "--sample_length=0",
+            "--progress_bar=False", f"--save_folder={run_dir}", "--device=cpu"]
+    train.main(args)
+    before = rates(run_dir)
+    simulate_crash_after(run_dir, keep_batch=5)
+    capsys.readouterr()
+    train.main([*args, "--lr_base_width=8", "--autoresume=True"])
+    assert "learning_rate=0.0015 (was 0.003)" in capsys.readouterr().out
+    resumed = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "lr" in r][10:]
+    assert [r["batch"] for r in resumed] == [6, 7, 8, 9, 10]
+    assert [round(r["lr"], 10) for r in resumed] == [round(0.5 * before[b], 10) for b in range(6, 11)]
