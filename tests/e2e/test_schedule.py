@@ -1,6 +1,8 @@
-"""train.py's lr_schedule="wsd" (warmup, the peak, a linear warmdown to min_lr; pilegpt/train/schedule.py): the
-learning rate of every batch is the formula's for AdamW's and Muon's groups alike, the plain reference loop gives
-train.py's losses, and a schedule changed on autoresume applies from the checkpoint's batch on."""
+"""train.py's learning rates. lr_schedule="wsd" (warmup, the peak, a linear warmdown to min_lr;
+pilegpt/train/schedule.py): the rate of every batch is the formula's for AdamW's and Muon's groups alike, the plain
+reference loop gives train.py's losses, and a schedule changed on autoresume applies from the checkpoint's batch on.
+lr_base_width (the width rule): AdamW's whole curve x (base / n_embd) ** 0.5, Muon's as set, the same in the plain
+loop, nothing changed at the base width, a bad value one line, and the rule set on autoresume applied from there."""
 
 import numpy as np
 import pytest
@@ -82,10 +84,13 @@ def test_lr_base_width_scales_adamws_rates_by_the_width_rule_and_leaves_muons(sh
 
 
 @pytest.mark.parametrize("value, says", [("-1", "lr_base_width must be >= 0"), ("x", "lr_base_width"),
-                                         ("1.5", "lr_base_width"), ("nan", "lr_base_width")])
+                                         ("1.5", "lr_base_width"), ("nan", "lr_base_width"),
+                                         ("64 my_model", "model_class=examples.my_model:MyGPT does not use")])
 def test_a_bad_lr_base_width_is_one_line(value, says, tmp_path):
+    value, *model = value.split()
     with pytest.raises(UserError, match=says):
-        load_config([str(REPO / "config" / "tiny.py"), f"--lr_base_width={value}", f"--save_folder={tmp_path}"])
+        load_config([str(REPO / "config" / "tiny.py"), *[str(REPO / "config" / f"{m}.py") for m in model],
+                     f"--lr_base_width={value}", f"--save_folder={tmp_path}"])
 
 
 def test_lr_base_width_set_on_autoresume_scales_the_rates_from_the_checkpoints_batch_on(shakespeare_bin, tmp_path,
