@@ -18,13 +18,10 @@ qk_norm = True
 tie_embeddings = False
 logit_softcap = 0.0
 bias = False
-# Muon (pilegpt/train/muon.py) for the 2-D weights inside the blocks, AdamW for the embeddings, the head and the
-# norms; the size preset's warmup and schedule scale both alike. The rates follow the width by one rule
-# (docs/training.md#learning-rates-across-sizes): Muon's 0.02 at every width (its update is scaled to the matrix's
-# shape), AdamW's as chosen at n_embd = 128 (the quickstart), x (128 / n_embd) ** 0.5: 8.2e-4 at GPT-2 small's 768.
+# Muon (pilegpt/train/muon.py) for the 2-D weights inside the blocks at muon_lr; AdamW keeps the size preset's
+# learning_rate for the embeddings, the head and the norms. The warmup and cosine schedule scale both alike. The
+# same rates at every width: on the size ladder, AdamW's scaled by (128 / n_embd) ** 0.5 (lr_base_width=128,
+# nanochat's rule) lost in both seeds at 192 and 256 wide (docs/performance.md#the-recipes-as-the-model-grows).
 optimizer = "muon"
 muon_lr = 0.02
 muon_momentum = 0.95
-learning_rate = 2e-3
-min_lr = 2e-4
-lr_base_width = 128
