@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 
 if __name__ == "__main__" and any(a in ("-h", "--help") for a in sys.argv[1:]):  # answer before importing torch
-    from pilegpt.train.config import usage
+    from pilegpt.train.config_load import usage
     print(usage(__doc__.split("\n\n")[1]))
     sys.exit(0)
 
@@ -68,14 +68,8 @@ from pilegpt.train.callbacks import (
     build_loggers,
 )
 from pilegpt.train.cluster import World
-from pilegpt.train.config import (
-    TrainConfig,
-    config_text,
-    config_values,
-    make_config,
-    unused_gpt_settings,
-    used_settings,
-)
+from pilegpt.train.config import TrainConfig, config_text, unused_gpt_settings, used_settings
+from pilegpt.train.config_load import config_values, make_config
 from pilegpt.train.extensions import build_algorithms, build_callbacks
 from pilegpt.train.loaders import (
     build_dataloaders,

@@ -215,7 +215,7 @@ def flops_per_token(extra: list[str], block_size: int, vocab_size: int) -> int:
     import torch
 
     from model import GPT
-    from pilegpt.train.config import load_config
+    from pilegpt.train.config_load import load_config
 
     cfg = load_config([str(PILE), f"--block_size={block_size}", f"--vocab_size={vocab_size}", "--data_dir=.",
                        *[a for a in extra if a.split("=")[0] in ("--n_layer", "--n_head", "--n_embd")]])
@@ -377,7 +377,7 @@ def bench_loader(setup: Setup, workers: int, batches: int) -> Row:
     import composer  # noqa: F401  (imported before the clock starts: train.py's start-up is not the loader's)
     import torch
 
-    from pilegpt.train.config import load_config
+    from pilegpt.train.config_load import load_config
     from pilegpt.train.loaders import build_dataloaders
 
     row = Row(f"loader, {workers} workers", note=f"build_dataloaders, {batches} batches of {setup.batch}, no model")
@@ -603,7 +603,7 @@ def run_training_rows(table: Table, setup: Setup, variants: list[Variant], preci
 def main(argv: Optional[Sequence[str]] = None) -> int:
     t_start = time.monotonic()
     args = parse_args(argv)
-    from pilegpt.train.config import read_config_file
+    from pilegpt.train.config_load import read_config_file
 
     pile = read_config_file(str(PILE))
     plan = make_plan(args, pile)

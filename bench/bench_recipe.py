@@ -102,7 +102,7 @@ def one_run(settings: list[str], data_dir: Path, steps: int, eval_every: int, ou
     """One recipe in this process: train, evaluate every eval_every steps, write the curve and the step times."""
     from pilegpt.common import tune_glibc_malloc
     from pilegpt.train import plain_loop
-    from pilegpt.train.config import config_values, make_config
+    from pilegpt.train.config_load import config_values, make_config
 
     cfg = make_config(config_values([str(QUICKSTART), *settings, f"--data_dir={data_dir}",
                                      f"--max_duration={steps}ba", "--device=cpu"]))

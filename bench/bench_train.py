@@ -81,7 +81,7 @@ def plain_loop(argv: Sequence[str]) -> None:
     step_clock.StepClock for train.py), and metrics.jsonl once the first batch is done."""
     from pilegpt.common import tune_glibc_malloc
     from pilegpt.train import plain_loop as loop
-    from pilegpt.train.config import config_values, make_config
+    from pilegpt.train.config_load import config_values, make_config
 
     cfg = make_config(config_values(argv))
     if cfg.cpu_malloc_tune:

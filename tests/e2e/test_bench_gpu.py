@@ -4,7 +4,7 @@ pieces only a GPU run exercises: tests/unit/test_bench_gpu.py."""
 
 import train
 from helpers import REPO, load_module
-from pilegpt.train.config import read_config_file
+from pilegpt.train.config_load import read_config_file
 
 SCRIPT = REPO / "bench" / "bench_gpu.py"
 bench = load_module(SCRIPT, "bench_gpu")

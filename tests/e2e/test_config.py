@@ -5,7 +5,7 @@ import dataclasses
 import sys
 
 from helpers import REPO, run_command, succeeded
-from pilegpt.train import config as train_config
+from pilegpt.train import config_load as train_config
 
 
 def test_help_lists_every_setting_with_its_comment():

@@ -20,7 +20,7 @@ from helpers import (
     succeeded,
 )
 from pilegpt.train import plain_loop
-from pilegpt.train.config import load_config
+from pilegpt.train.config_load import load_config
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # the runs in this process, as train_env's subprocesses
 

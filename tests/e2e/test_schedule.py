@@ -12,7 +12,7 @@ from e2e.test_train import simulate_crash_after
 from helpers import REPO, SMALL, losses_by_batch, read_jsonl
 from pilegpt.common import UserError
 from pilegpt.train import plain_loop
-from pilegpt.train.config import load_config
+from pilegpt.train.config_load import load_config
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

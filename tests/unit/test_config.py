@@ -9,7 +9,7 @@ import torch
 import train
 from helpers import REPO, main_error
 from pilegpt.common import UserError
-from pilegpt.train import config as train_config
+from pilegpt.train import config_load as train_config
 
 DATA = ["--data_dir=data/x"]  # every config needs a data source; the folder is not opened by load_config
 

@@ -16,7 +16,7 @@ from pilegpt import model_contract
 from pilegpt.checkpoint import load_model_file, save_export
 from pilegpt.common import UserError
 from pilegpt.model_contract import ModelSpec
-from pilegpt.train.config import make_config
+from pilegpt.train.config_load import make_config
 
 
 class TinyLM(nn.Module):

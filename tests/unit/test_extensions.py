@@ -16,7 +16,7 @@ from composer.core import Callback
 import train
 from helpers import SMALL, main_error, write_bin
 from pilegpt.common import UserError
-from pilegpt.train import config as train_config
+from pilegpt.train import config_load as train_config
 from pilegpt.train import extensions
 
 DATA = ["--data_dir=data/x"]  # load_config does not open it

@@ -20,7 +20,7 @@ from helpers import (
     git_repo_integration,
     mcli_config,
 )
-from pilegpt.train import config as train_config
+from pilegpt.train import config_load as train_config
 
 pytest.importorskip("mcli", reason="mosaicml-cli is a dev requirement (pip install -r requirements-dev.txt)")
 

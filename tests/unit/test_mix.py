@@ -7,7 +7,7 @@ import pytest
 
 from helpers import write_bin
 from pilegpt.common import UserError
-from pilegpt.train.config import load_config
+from pilegpt.train.config_load import load_config
 from pilegpt.train.loaders import BinDataset, MixedBins, MixedOrder, mix_shares, resumable_sampler
 from pilegpt.train.mix import check_mix, component_name, sample_counts
 
@@ -110,7 +110,7 @@ def test_data_mix_replaces_data_dir_and_refuses_both(tmp_path):
 
 def test_pile_mix_config_gives_the_papers_epochs_to_the_components_present(tmp_path, monkeypatch, capsys):
     from pilegpt.data import subset_folder
-    from pilegpt.train.config import read_config_file
+    from pilegpt.train.config_load import read_config_file
 
     for name in ("Pile-CC", "Gutenberg (PG-19)", "Wikipedia (en)"):  # as prepare_data.py --by-subset names them
         write_bin(tmp_path / subset_folder(name), np.arange(200) % 50)

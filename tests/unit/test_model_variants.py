@@ -202,7 +202,7 @@ def test_a_variant_learns_and_its_export_rebuilds_it(tmp_path, overrides):
 
 
 def test_train_config_passes_the_architecture_to_the_model():
-    from pilegpt.train.config import make_config
+    from pilegpt.train.config_load import make_config
 
     cfg = make_config(dict(data_dir="d", **TINY, **LLAMA, n_kv_head=2, qk_norm=True, tie_embeddings=False,
                            logit_softcap=30.0, rope_theta=5e5))
@@ -212,7 +212,7 @@ def test_train_config_passes_the_architecture_to_the_model():
 
 def test_a_bad_architecture_setting_is_one_config_error():
     from pilegpt.common import UserError
-    from pilegpt.train.config import make_config
+    from pilegpt.train.config_load import make_config
 
     with pytest.raises(UserError, match=r"^bad config: n_kv_head must be None or a positive divisor of n_head") as e:
         make_config(dict(data_dir="d", **TINY, n_kv_head=3))
@@ -221,7 +221,7 @@ def test_a_bad_architecture_setting_is_one_config_error():
 
 def test_init_from_fixes_the_architecture_and_n_kv_head_none_equals_n_head():
     from pilegpt.common import UserError
-    from pilegpt.train.config import make_config
+    from pilegpt.train.config_load import make_config
 
     source = GPTConfig(**TINY, **LLAMA)
     cfg = make_config(dict(data_dir="d", init_from="src", n_kv_head=4), source=source)  # 4 = n_head: agrees

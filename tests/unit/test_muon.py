@@ -11,7 +11,7 @@ from torch import nn
 
 from helpers import tiny_gpt
 from pilegpt.common import UserError
-from pilegpt.train import config as train_config
+from pilegpt.train import config_load as train_config
 from pilegpt.train.muon import NS_COEFFS, NS_STEPS, Muon, muon_groups, orthogonalize
 
 DATA = ["--data_dir=data/x"]
