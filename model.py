@@ -358,6 +358,14 @@ class GPT(nn.Module):
         else:
             self.rope_cos, self.rope_sin = self.rope_cos[:block_size], self.rope_sin[:block_size]
 
+    @torch.no_grad()
+    def zero_output_projections(self) -> None:
+        """Set every block's output projections (attention's and the MLP's c_proj) to 0, as nanochat and
+        modded-nanogpt initialise them: each block starts as the identity on the residual stream."""
+        for block in self.transformer.h:
+            for proj in (block.attn.c_proj, block.mlp.c_proj):
+                proj.weight.zero_()
+
     def hidden_matrices(self) -> list[nn.Parameter]:
         """The 2-D weights inside the transformer blocks (attention and MLP matmuls): what Muon updates
         (optimizer="muon"). Everything else (embeddings, the output head, norms, biases) is AdamW's."""

@@ -258,6 +258,8 @@ def build_model(cfg: TrainConfig, pretrained: Pretrained, folder: RunFolder, wor
     if cfg.model_class:
         return build_custom_model(cfg, world)
     model = ComposerGPT(cfg.model_config(), data_tokenizer(cfg))
+    if cfg.zero_init_proj and source is None:  # (a resumed run's weights come from its checkpoint)
+        model.model.zero_output_projections()
     if source is not None:  # weights only: the optimizer and the schedule start fresh
         model.model.load_state_dict(source.state_dict())
         origin = f"{source.num_params() / 1e6:.2f}M weights from {origin}"
@@ -361,8 +363,10 @@ def build_optimizer(cfg: TrainConfig, model: ComposerGPT, device: str, precision
     the same by hand), then the user's algorithms (cfg.algorithms)."""
     # AdamW's rate: learning_rate, or with lr_base_width learning_rate x (lr_base_width / n_embd) ** 0.5
     if cfg.optimizer == "muon":  # Muon for the blocks' 2-D weights at muon_lr, AdamW for the rest at learning_rate
+        # (AdamW's part in torch's fused kernel, on CPU too)
         optimizer = Muon(muon_groups(model.model, cfg.weight_decay, cfg.muon_lr, cfg.adamw_lr()),
-                         momentum=cfg.muon_momentum, betas=(cfg.beta1, cfg.beta2), fused=device == "gpu")
+                         momentum=cfg.muon_momentum, betas=(cfg.beta1, cfg.beta2),
+                         momentum_warmup=cfg.muon_momentum_warmup, cautious_wd=cfg.muon_cautious_wd)
     else:  # weight decay on the 2-D weights only: GPT.optim_groups puts each parameter in one of two groups
         optimizer = torch.optim.AdamW(model.optim_groups(cfg.weight_decay), lr=cfg.adamw_lr(),
                                       betas=(cfg.beta1, cfg.beta2), fused=device == "gpu")

@@ -15,7 +15,8 @@ from pilegpt.common import UserError
 ARCH_FIELDS = ("pos_emb", "rope_theta", "norm", "mlp", "n_kv_head", "qk_norm", "tie_embeddings", "logit_softcap")
 SHAPE_FIELDS = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "bias", *ARCH_FIELDS)
 CUSTOM_MODEL_FIELDS = ("model_class", "model_args")  # your own model instead of the GPT (model_contract.py)
-GPT_ONLY_FIELDS = ("n_layer", "n_head", "n_embd", "bias", *ARCH_FIELDS, "dropout")  # shape nothing of a model_class
+# settings that shape nothing of a model_class
+GPT_ONLY_FIELDS = ("n_layer", "n_head", "n_embd", "bias", *ARCH_FIELDS, "dropout", "zero_init_proj")
 DATA_KEYS = ("data_dir", "data_remote", "data_mix")  # three ways to name the data: one per run
 
 
@@ -37,6 +38,7 @@ class TrainConfig:
     qk_norm: bool = False  # normalize each head's q and k (norm's kind) before attention
     tie_embeddings: bool = True  # one matrix for token embeddings and output head, like GPT-2
     logit_softcap: float = 0.0  # logits = softcap * tanh(logits / softcap); 0 = off
+    zero_init_proj: bool = False  # from scratch: the blocks' output projections start at 0 (nanochat, modded-nanogpt)
     init_from: str = "scratch"  # weights: scratch, gpt2(-medium/-large/-xl), a HF GPT-2 folder, a pile-gpt checkpoint
     model_class: str = ""  # your own nn.Module, "package.module:Class" (docs/extending.md); "" = model.py's GPT
     model_args: dict = field(default_factory=dict)  # keyword arguments of model_class's constructor
@@ -58,6 +60,8 @@ class TrainConfig:
     muon_lr: float = 0.02  # Muon's peak learning rate (optimizer="muon"), on the same schedule as learning_rate
     lr_base_width: int = 0  # > 0: learning_rate and min_lr are AdamW's at this n_embd, x (lr_base_width/n_embd)**0.5
     muon_momentum: float = 0.95  # Muon's momentum (Nesterov)
+    muon_momentum_warmup: int = 0  # Muon's momentum rises from 0.85 to muon_momentum over this many steps; 0 = off
+    muon_cautious_wd: bool = False  # Muon's weight decay only where the update also pulls a weight towards 0
     min_lr: float = 6e-5  # learning rate at the end of the schedule (max_duration)
     lr_schedule: str = "cosine"  # "cosine": warmup, cosine decay; "wsd": warmup, the peak, a linear warmdown
     warmdown: float = 0.2  # lr_schedule="wsd": the last fraction of max_duration, where the rate falls to min_lr
@@ -218,6 +222,9 @@ class TrainConfig:
             errors.append(f"min_lr must be in [0, learning_rate={self.learning_rate}], got {self.min_lr}")
         if not self.init_from.strip():
             errors.append("init_from is empty: pass scratch, gpt2, a Hugging Face folder or a pile-gpt checkpoint")
+        elif self.zero_init_proj and self.init_from != "scratch":
+            errors.append(f"zero_init_proj=True sets a new model's output projections to 0, but init_from="
+                          f"{self.init_from} gives the weights: set zero_init_proj=False")
         if self.grad_clip < 0:
             errors.append(f"grad_clip must be >= 0 (0 = off), got {self.grad_clip}")
         if self.optimizer not in ("adamw", "muon"):
@@ -232,6 +239,9 @@ class TrainConfig:
                           f"model_class={self.model_class} does not use: set lr_base_width=0")
         if not 0 <= self.muon_momentum < 1:
             errors.append(f"muon_momentum must be in [0, 1), got {self.muon_momentum}")
+        if self.muon_momentum_warmup < 0:
+            errors.append(f"muon_momentum_warmup must be >= 0 optimizer steps (0 = off; modded-nanogpt: 300), got "
+                          f"{self.muon_momentum_warmup}")
         if self.optimizer == "muon" and self.fsdp:  # Newton-Schulz needs the whole matrix; a rank holds a shard
             errors.append("optimizer='muon' cannot run with fsdp=True (it orthogonalises whole 2-D weights, FSDP "
                           "shards them): set fsdp=False (DDP) or optimizer='adamw'")

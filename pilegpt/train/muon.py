@@ -17,6 +17,7 @@ from pilegpt.common import UserError, one_line
 # hardly has, stay smaller.
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
 NS_STEPS = 5
+MOMENTUM_START = 0.85  # momentum_warmup's first momentum (modded-nanogpt: 0.85 to 0.95 over 300 steps)
 
 
 def orthogonalize(grad: torch.Tensor, steps: int = NS_STEPS) -> torch.Tensor:
@@ -34,14 +35,33 @@ def orthogonalize(grad: torch.Tensor, steps: int = NS_STEPS) -> torch.Tensor:
     return (x.T if tall else x).to(grad.dtype)
 
 
+def warmed_momentum(group: dict, state: dict) -> float:
+    """The group's momentum at this parameter's step (counted in state["step"]), under momentum_warmup."""
+    warmup, m = group.get("momentum_warmup", 0), group["momentum"]
+    if "step" not in state:
+        return m
+    state["step"] += 1
+    if not warmup:
+        return m
+    frac = min(1.0, (state["step"].item() - 1) / warmup)
+    return MOMENTUM_START + frac * (m - MOMENTUM_START) if m > MOMENTUM_START else m
+
+
 class Muon(torch.optim.Optimizer):
     """Param groups with muon=True (2-D weights): momentum, Nesterov, orthogonalised; muon=False: AdamW's step.
-    Weight decay is decoupled in both (p <- p (1 - lr * weight_decay)); state_dict round-trips like AdamW's."""
+    Weight decay is decoupled in both (p <- p (1 - lr * weight_decay)); state_dict round-trips like AdamW's.
+    fused: AdamW's step in torch's one-pass kernel (CPU and CUDA), torch.optim.AdamW(fused=True)'s numbers; on a
+    CPU 4.6x faster than its per-tensor loop over the embedding and head, the bulk of the preset's AdamW
+    (docs/performance.md#the-training-step-on-cpu).
+    momentum_warmup > 0: Muon's momentum rises linearly from MOMENTUM_START to `momentum` over that many of its
+    steps (modded-nanogpt's); cautious_wd: Muon's weight decay only where the update moves the weight towards 0
+    as the decay does (sign(update) = sign(weight); Chen et al. 2025, "Cautious Weight Decay")."""
 
     def __init__(self, params, lr: float = 0.02, momentum: float = 0.95, betas: tuple[float, float] = (0.9, 0.95),
-                 eps: float = 1e-8, weight_decay: float = 0.0, fused: bool = False):
+                 eps: float = 1e-8, weight_decay: float = 0.0, fused: bool = True, momentum_warmup: int = 0,
+                 cautious_wd: bool = False):
         defaults = dict(lr=lr, momentum=momentum, betas=betas, eps=eps, weight_decay=weight_decay, muon=False,
-                        fused=fused)
+                        fused=fused, momentum_warmup=momentum_warmup, cautious_wd=cautious_wd)
         super().__init__(params, defaults)
         for group in self.param_groups:
             if group["muon"] and any(p.dim() != 2 for p in group["params"]):
@@ -66,17 +86,22 @@ class Muon(torch.optim.Optimizer):
 
     def _muon_step(self, group: dict) -> None:
         """buf <- m buf + (1 - m) g; the Nesterov direction (1 - m) g + m buf, orthogonalised and scaled."""
-        lr, m = group["lr"], group["momentum"]
+        lr, decay = group["lr"], group["weight_decay"]
         for p, state in self._with_gradients(group):
             if "momentum_buffer" not in state:
                 state["momentum_buffer"] = torch.zeros_like(p)
+                state["step"] = torch.tensor(0.0)  # for momentum_warmup; a checkpoint without it: warmup is over
+            m = warmed_momentum(group, state)
             buf = state["momentum_buffer"]
             buf.lerp_(p.grad, 1 - m)
             update = orthogonalize(p.grad.lerp(buf, m))
             # An m x n semi-orthogonal matrix has RMS 1/sqrt(max(m, n)); times sqrt(max(1, m/n)) every update has
             # RMS 1/sqrt(n), n = the fan-in (nn.Linear's weight is (out, in)), so one lr suits every shape.
             scale = max(1.0, p.size(0) / p.size(1)) ** 0.5
-            p.mul_(1 - lr * group["weight_decay"])
+            if group.get("cautious_wd") and decay:  # decay only where the update also pulls the weight to 0
+                p.sub_(p * (update * p > 0), alpha=lr * decay)
+            else:
+                p.mul_(1 - lr * decay)
             p.add_(update, alpha=-lr * scale)
 
     def _adamw_step(self, group: dict) -> None:

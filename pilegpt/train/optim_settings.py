@@ -17,7 +17,10 @@ import torch
 from pilegpt.common import UserError
 
 # a group's key -> the setting that gives it (betas: beta1, beta2); other keys (eps, fused) are not settings
-SETTING_OF = {"weight_decay": "weight_decay", "momentum": "muon_momentum"}
+SETTING_OF = {"weight_decay": "weight_decay", "momentum": "muon_momentum", "momentum_warmup": "muon_momentum_warmup",
+              "cautious_wd": "muon_cautious_wd"}
+MUON_ONLY = ("momentum", "momentum_warmup", "cautious_wd")  # AdamW's groups carry them unused
+BEFORE_THEM = {"momentum_warmup": 0, "cautious_wd": False}  # a checkpoint from before these keys: they were off
 
 
 def group_settings(optimizer: torch.optim.Optimizer) -> list[dict]:
@@ -34,7 +37,8 @@ def apply_group_settings(optimizer: torch.optim.Optimizer, scheduler: Any, built
     if len(groups) != len(built):
         raise UserError(f"autoresume: the checkpoint's optimizer has {len(groups)} parameter groups, this run's "
                         f"{len(built)}: resume with the run's settings or start a new run with another --run_name")
-    differs = [any(group.get("initial_lr" if k == "lr" else k) != v for k, v in ours.items() if k != "betas")
+    differs = [any(group.get("initial_lr" if k == "lr" else k, BEFORE_THEM.get(k)) != v for k, v in ours.items()
+                   if k != "betas")
                or tuple(group.get("betas", ())) != tuple(ours.get("betas", ())) for group, ours in zip(groups, built)]
     if not any(differs):
         return []
@@ -52,9 +56,11 @@ def setting_changes(group: dict, ours: dict) -> list[str]:
     peak = group.get("initial_lr", group.get("lr"))
     if peak != ours["lr"]:
         changes.append(f"{'muon_lr' if ours.get('muon') else 'learning_rate'}={ours['lr']:g} (was {peak:g})")
-    for key, setting in SETTING_OF.items():  # momentum: Muon's group's (AdamW's groups carry it unused)
-        if key in ours and group.get(key) != ours[key] and (key != "momentum" or ours.get("muon")):
-            changes.append(f"{setting}={ours[key]:g} (was {group.get(key):g})")
+    for key, setting in SETTING_OF.items():
+        old = group.get(key, BEFORE_THEM.get(key))
+        if key in ours and old != ours[key] and (key not in MUON_ONLY or ours.get("muon")):
+            changes.append(f"{setting}={ours[key]:g} (was {old:g})" if isinstance(old, float) else
+                           f"{setting}={ours[key]} (was {old})")
     for name, old, new in zip(("beta1", "beta2"), group.get("betas", ()), ours.get("betas", ())):
         changes += [f"{name}={new:g} (was {old:g})"] if old != new else []
     return changes

@@ -44,7 +44,10 @@ def learning_rate(cfg: TrainConfig, it: int, max_batches: int, warmup: int) -> f
 def build_model(cfg: TrainConfig) -> GPT:
     """cfg's model with train.py's initial weights (its reproducibility.seed_all seeds torch the same way)."""
     torch.manual_seed(cfg.seed)
-    return GPT(cfg.model_config())
+    model = GPT(cfg.model_config())
+    if cfg.zero_init_proj:
+        model.zero_output_projections()
+    return model
 
 
 def train(cfg: TrainConfig, model: GPT | None = None) -> Iterator[tuple[int, int, float]]:
@@ -54,7 +57,8 @@ def train(cfg: TrainConfig, model: GPT | None = None) -> Iterator[tuple[int, int
     model = build_model(cfg) if model is None else model
     if cfg.optimizer == "muon":  # Muon for the blocks' 2-D weights, AdamW for embeddings, biases and LayerNorm gains
         optimizer = Muon(muon_groups(model, cfg.weight_decay, cfg.muon_lr, cfg.adamw_lr()),
-                         momentum=cfg.muon_momentum, betas=(cfg.beta1, cfg.beta2))
+                         momentum=cfg.muon_momentum, betas=(cfg.beta1, cfg.beta2),
+                         momentum_warmup=cfg.muon_momentum_warmup, cautious_wd=cfg.muon_cautious_wd)
     else:  # weight decay on the 2-D weights only (matmuls, embeddings), not on biases and LayerNorm gains
         optimizer = torch.optim.AdamW(model.optim_groups(cfg.weight_decay), lr=cfg.adamw_lr(),
                                       betas=(cfg.beta1, cfg.beta2))

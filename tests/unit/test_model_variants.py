@@ -228,3 +228,22 @@ def test_init_from_fixes_the_architecture_and_n_kv_head_none_equals_n_head():
     assert cfg.model_config().pos_emb == "rope" and cfg.mlp == "swiglu"  # the rest comes from the source
     with pytest.raises(UserError, match=r"the config contradicts init_from=src: mlp='relu2' but it has mlp='swiglu'"):
         make_config(dict(data_dir="d", init_from="src", mlp="relu2"), source=source)
+
+
+def test_zero_init_proj_zeroes_only_the_output_projections_and_needs_a_new_model():
+    from pilegpt.common import UserError
+    from pilegpt.train import plain_loop
+    from pilegpt.train.config_load import load_config
+
+    args = ["--data_dir=data/x", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--vocab_size=64"]
+    plain, zeroed = (plain_loop.build_model(load_config([*args, f"--zero_init_proj={z}"])) for z in (False, True))
+    for (name, a), b in zip(plain.named_parameters(), zeroed.parameters()):
+        if name.endswith("c_proj.weight"):
+            assert not a.eq(0).all() and b.eq(0).all(), name
+        else:
+            assert torch.equal(a, b), name  # the same seed gives every other weight its usual start
+    x = torch.randint(0, 64, (2, 16))
+    h = zeroed.transformer.wte(x) + zeroed.transformer.wpe(torch.arange(16))  # each block is the identity now
+    torch.testing.assert_close(zeroed(x, targets=x)[0], zeroed.lm_head(zeroed.transformer.ln_f(h)))
+    with pytest.raises(UserError, match="zero_init_proj=True .* init_from=gpt2 gives the weights: set zero_init_pr"):
+        load_config([*args, "--zero_init_proj=True", "--init_from=gpt2"])

@@ -90,10 +90,11 @@ def fake_grads(params, seed: int) -> None:
         p.grad = torch.randn(p.shape, generator=gen)
 
 
-def test_the_adamw_groups_step_exactly_as_torch_adamw():
+@pytest.mark.parametrize("fused", [True, False])  # True: Muon's default, on CPU as on GPU
+def test_the_adamw_groups_step_exactly_as_torch_adamw(fused):
     ours, theirs = tiny_gpt(), tiny_gpt()
-    opt = Muon(muon_groups(ours, 0.1, 0.02, 1e-3), momentum=0.95, betas=(0.9, 0.95))
-    reference = torch.optim.AdamW(theirs.optim_groups(0.1), lr=1e-3, betas=(0.9, 0.95))
+    opt = Muon(muon_groups(ours, 0.1, 0.02, 1e-3), momentum=0.95, betas=(0.9, 0.95), fused=fused)
+    reference = torch.optim.AdamW(theirs.optim_groups(0.1), lr=1e-3, betas=(0.9, 0.95), fused=fused)
     hidden = {id(p) for p in theirs.hidden_matrices()}
     for step in range(4):
         fake_grads(ours.parameters(), step)
@@ -234,3 +235,61 @@ def test_on_resume_the_runs_settings_replace_those_a_checkpoint_restores():
     assert [g["weight_decay"] for g in opt2.param_groups] == [0.0, 0.0, 0.0]
     with pytest.raises(UserError, match="the checkpoint's optimizer has 3 parameter groups, this run's 2"):
         apply_group_settings(opt2, scheduler2, built[:2])
+
+
+def test_momentum_warmup_rises_from_0_85_and_its_step_count_round_trips():
+    p = nn.Parameter(torch.zeros(4, 4))
+    opt = Muon([dict(params=[p], muon=True)], lr=0.1, momentum=0.95, momentum_warmup=4)
+    seen = []
+    for step in range(6):
+        p.grad = torch.ones(4, 4)
+        before = opt.state[p]["momentum_buffer"].clone() if step else torch.zeros(4, 4)
+        opt.step()
+        after = opt.state[p]["momentum_buffer"]  # buf <- m buf + (1 - m) g, g = 1: m = (1 - after) / (1 - before)
+        seen.append(((1 - after) / (1 - before)).mean().item())
+    assert seen == pytest.approx([0.85, 0.875, 0.9, 0.925, 0.95, 0.95])
+    restored = Muon([dict(params=[p], muon=True)], lr=0.1, momentum=0.95, momentum_warmup=4)
+    restored.load_state_dict(torch.load(io.BytesIO(save(opt.state_dict())), weights_only=True))
+    assert restored.state[p]["step"].item() == 6
+    old = Muon([dict(params=[p], muon=True)], lr=0.1, momentum=0.95, momentum_warmup=4)
+    old.state[p]["momentum_buffer"] = torch.zeros(4, 4)  # a checkpoint from before the step count: warmup is over
+    p.grad = torch.ones(4, 4)
+    old.step()
+    assert old.state[p]["momentum_buffer"].mean().item() == pytest.approx(0.05)
+
+
+def save(state_dict) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(state_dict, buffer)
+    return buffer.getvalue()
+
+
+def test_cautious_weight_decay_decays_only_where_the_update_pulls_towards_0():
+    gen = torch.Generator().manual_seed(3)
+    start = torch.randn(6, 6, generator=gen)
+    grad = torch.randn(6, 6, generator=gen)
+    update = orthogonalize(grad.clone())
+    mask = (update * start > 0).float()
+    assert 0 < mask.sum() < 36  # both kinds of entries are there
+    for cautious, decayed in ((True, start * mask), (False, start)):
+        p = nn.Parameter(start.clone())
+        opt = Muon([dict(params=[p], muon=True)], lr=0.1, momentum=0.0, weight_decay=0.5, cautious_wd=cautious)
+        p.grad = grad.clone()
+        opt.step()
+        torch.testing.assert_close(p.detach(), start - 0.1 * 0.5 * decayed - 0.1 * update)
+
+
+def test_the_new_muon_settings_are_checked_and_a_change_on_resume_is_said():
+    from pilegpt.train.optim_settings import setting_changes
+
+    cfg = train_config.load_config([*DATA, "--optimizer=muon", "--muon_momentum_warmup=300", "--muon_cautious_wd=True"])
+    assert (cfg.muon_momentum_warmup, cfg.muon_cautious_wd) == (300, True)
+    with pytest.raises(UserError, match="muon_momentum_warmup must be >= 0 optimizer steps"):
+        train_config.load_config([*DATA, "--muon_momentum_warmup=-1"])
+    with pytest.raises(UserError, match="muon_cautious_wd"):
+        train_config.load_config([*DATA, "--muon_cautious_wd=maybe"])
+    ours = dict(lr=0.02, weight_decay=0.1, momentum=0.95, momentum_warmup=300, cautious_wd=True, muon=True)
+    before_these_keys = dict(lr=0.02, weight_decay=0.1, momentum=0.95, muon=True)  # an older checkpoint's group
+    assert setting_changes(before_these_keys, ours) == ["muon_momentum_warmup=300 (was 0)",
+                                                        "muon_cautious_wd=True (was False)"]
+    assert setting_changes(before_these_keys, {**ours, "momentum_warmup": 0, "cautious_wd": False}) == []
