@@ -1,7 +1,7 @@
 """The run's optimizer settings on autoresume: Composer restores each parameter group's hyperparameters (lr,
-weight_decay, betas, Muon's momentum) and the schedule's base learning rates from the checkpoint, so that a changed
-learning_rate, muon_lr, weight_decay, beta1, beta2 or muon_momentum would be ignored in silence while config.json
-records the new value. Here the run's settings replace them; the optimizer's state (moments, momentum buffers, step
+weight_decay, betas, Muon's momentum and its options) and the schedule's base learning rates from the checkpoint, so
+that a changed learning_rate, muon_lr, weight_decay, beta1, beta2, muon_momentum, muon_momentum_warmup or
+muon_cautious_wd would be ignored in silence while config.json records the new value. Here the run's settings replace them; the optimizer's state (moments, momentum buffers, step
 counts) stays the checkpoint's. warmup, min_lr and max_duration need nothing: the schedule reads them each batch.
 
     built = group_settings(optimizer)                     # before the Trainer loads a checkpoint into it
