@@ -4,7 +4,7 @@ Importable alone (no Composer). The default architecture and parameter names are
 one to one onto OpenAI's GPT-2 weights (transformer.wte, transformer.wpe, transformer.h.N.ln_1,
 .attn.c_attn, .attn.c_proj, .ln_2, .mlp.c_fc, .mlp.c_proj, transformer.ln_f, lm_head). GPTConfig's
 architecture fields switch in RoPE, RMSNorm, ReLU² or SwiGLU, grouped-query attention, QK-norm, an untied
-head and a logit softcap (docs/training.md#architecture).
+head, a logit softcap and per-block residual and x0 scalars (docs/training.md#architecture).
 
     from model import GPT, GPTConfig
     model = GPT(GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=256))
@@ -45,6 +45,7 @@ class GPTConfig:
     qk_norm: bool = False  # normalize each head's q and k (with `norm`'s kind) before RoPE and attention
     tie_embeddings: bool = True  # one matrix for wte and lm_head, like GPT-2; False gives lm_head its own
     logit_softcap: float = 0.0  # logits = softcap * tanh(logits / softcap); 0 = off
+    x0_scalars: bool = False  # before block i: x = resid_lambdas[i] * x + x0_lambdas[i] * x0 (learned, from 1 and 0)
 
     def __post_init__(self):
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
@@ -57,7 +58,7 @@ class GPTConfig:
         dropout_ok = isinstance(self.dropout, (int, float)) and not isinstance(self.dropout, bool)
         if not (dropout_ok and 0.0 <= self.dropout < 1.0):
             raise ValueError(f"GPTConfig.dropout must be a number in [0, 1), got {self.dropout!r}")
-        for name in ("bias", "qk_norm", "tie_embeddings"):
+        for name in ("bias", "qk_norm", "tie_embeddings", "x0_scalars"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"GPTConfig.{name} must be True or False, got {getattr(self, name)!r}")
         self._check_architecture()
@@ -237,6 +238,9 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:  # (as in GPT-2): one (V, C) matrix embeds tokens and scores the next one
             self.transformer.wte.weight = self.lm_head.weight
+        if config.x0_scalars:  # modded-nanogpt's and nanochat's: each block also sees the embeddings x0 directly
+            self.resid_lambdas = nn.Parameter(torch.ones(config.n_layer))
+            self.x0_lambdas = nn.Parameter(torch.zeros(config.n_layer))
         if config.pos_emb == "rope":  # computed, not learned: not in the state dict
             cos, sin = rope_tables(config.head_size, config.block_size, config.rope_theta)
             self.register_buffer("rope_cos", cos, persistent=False)
@@ -273,8 +277,10 @@ class GPT(nn.Module):
             x = x + self.transformer.wpe(torch.arange(0, T, dtype=torch.long, device=idx.device))
         else:
             rope = (self.rope_cos[:T], self.rope_sin[:T])  # (T, hs/2) each
-        x = self.transformer.drop(x)
-        for block in self.transformer.h:
+        x = x0 = self.transformer.drop(x)
+        for i, block in enumerate(self.transformer.h):
+            if self.config.x0_scalars:
+                x = self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
             x = block(x, rope)
         x = self.transformer.ln_f(x)
         if targets is not None:

@@ -366,7 +366,8 @@ def build_optimizer(cfg: TrainConfig, model: ComposerGPT, device: str, precision
         # (AdamW's part in torch's fused kernel, on CPU too)
         optimizer = Muon(muon_groups(model.model, cfg.weight_decay, cfg.muon_lr, cfg.adamw_lr()),
                          momentum=cfg.muon_momentum, betas=(cfg.beta1, cfg.beta2),
-                         momentum_warmup=cfg.muon_momentum_warmup, cautious_wd=cfg.muon_cautious_wd)
+                         momentum_warmup=cfg.muon_momentum_warmup, cautious_wd=cfg.muon_cautious_wd,
+                         normuon=cfg.muon_normuon)
     else:  # weight decay on the 2-D weights only: GPT.optim_groups puts each parameter in one of two groups
         optimizer = torch.optim.AdamW(model.optim_groups(cfg.weight_decay), lr=cfg.adamw_lr(),
                                       betas=(cfg.beta1, cfg.beta2), fused=device == "gpu")

@@ -47,6 +47,18 @@ def warmed_momentum(group: dict, state: dict) -> float:
     return MOMENTUM_START + frac * (m - MOMENTUM_START) if m > MOMENTUM_START else m
 
 
+def neuron_update(update: torch.Tensor, state: dict, beta2: float) -> torch.Tensor:
+    """NorMuon's step (Li et al. 2025): each row of the orthogonalised update (an output neuron of nn.Linear's
+    (out, in) weight) divided by the root of an EMA (beta2) of its mean square, kept in state["neuron_sq"]; the
+    result rescaled to the update's own Frobenius norm, so that muon_lr means what it means without it (and the EMA
+    needs no bias correction: a factor common to every row cancels)."""
+    if "neuron_sq" not in state:
+        state["neuron_sq"] = torch.zeros(update.size(0), dtype=torch.float32, device=update.device)
+    state["neuron_sq"].lerp_(update.float().square().mean(dim=1), 1 - beta2)
+    normed = update / (state["neuron_sq"].sqrt()[:, None] + 1e-12).to(update.dtype)
+    return normed * (update.norm() / (normed.norm() + 1e-12))
+
+
 class Muon(torch.optim.Optimizer):
     """Param groups with muon=True (2-D weights): momentum, Nesterov, orthogonalised; muon=False: AdamW's step.
     Weight decay is decoupled in both (p <- p (1 - lr * weight_decay)); state_dict round-trips like AdamW's.
@@ -55,13 +67,14 @@ class Muon(torch.optim.Optimizer):
     (docs/performance.md#the-training-step-on-cpu).
     momentum_warmup > 0: Muon's momentum rises linearly from MOMENTUM_START to `momentum` over that many of its
     steps (modded-nanogpt's); cautious_wd: Muon's weight decay only where the update moves the weight towards 0
-    as the decay does (sign(update) = sign(weight); Chen et al. 2025, "Cautious Weight Decay")."""
+    as the decay does (sign(update) = sign(weight); Chen et al. 2025, "Cautious Weight Decay"); normuon: the
+    orthogonalised update's rows (output neurons) evened out by their second moment (neuron_update)."""
 
     def __init__(self, params, lr: float = 0.02, momentum: float = 0.95, betas: tuple[float, float] = (0.9, 0.95),
                  eps: float = 1e-8, weight_decay: float = 0.0, fused: bool = True, momentum_warmup: int = 0,
-                 cautious_wd: bool = False):
+                 cautious_wd: bool = False, normuon: bool = False):
         defaults = dict(lr=lr, momentum=momentum, betas=betas, eps=eps, weight_decay=weight_decay, muon=False,
-                        fused=fused, momentum_warmup=momentum_warmup, cautious_wd=cautious_wd)
+                        fused=fused, momentum_warmup=momentum_warmup, cautious_wd=cautious_wd, normuon=normuon)
         super().__init__(params, defaults)
         for group in self.param_groups:
             if group["muon"] and any(p.dim() != 2 for p in group["params"]):
@@ -95,6 +108,8 @@ class Muon(torch.optim.Optimizer):
             buf = state["momentum_buffer"]
             buf.lerp_(p.grad, 1 - m)
             update = orthogonalize(p.grad.lerp(buf, m))
+            if group.get("normuon"):
+                update = neuron_update(update, state, group["betas"][1])
             # An m x n semi-orthogonal matrix has RMS 1/sqrt(max(m, n)); times sqrt(max(1, m/n)) every update has
             # RMS 1/sqrt(n), n = the fan-in (nn.Linear's weight is (out, in)), so one lr suits every shape.
             scale = max(1.0, p.size(0) / p.size(1)) ** 0.5

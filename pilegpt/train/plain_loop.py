@@ -58,7 +58,8 @@ def train(cfg: TrainConfig, model: GPT | None = None) -> Iterator[tuple[int, int
     if cfg.optimizer == "muon":  # Muon for the blocks' 2-D weights, AdamW for embeddings, biases and LayerNorm gains
         optimizer = Muon(muon_groups(model, cfg.weight_decay, cfg.muon_lr, cfg.adamw_lr()),
                          momentum=cfg.muon_momentum, betas=(cfg.beta1, cfg.beta2),
-                         momentum_warmup=cfg.muon_momentum_warmup, cautious_wd=cfg.muon_cautious_wd)
+                         momentum_warmup=cfg.muon_momentum_warmup, cautious_wd=cfg.muon_cautious_wd,
+                         normuon=cfg.muon_normuon)
     else:  # weight decay on the 2-D weights only (matmuls, embeddings), not on biases and LayerNorm gains
         optimizer = torch.optim.AdamW(model.optim_groups(cfg.weight_decay), lr=cfg.adamw_lr(),
                                       betas=(cfg.beta1, cfg.beta2))

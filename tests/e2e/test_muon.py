@@ -1,7 +1,7 @@
 """train.py with optimizer="muon" on CPU: interrupted and resumed, in one process and in two (`composer -n 2`), it
 gives the losses of the run that was never interrupted, batch for batch, so Muon's momentum (and its warmup's step
-count) travels in the checkpoint and every rank takes the same step; the plain reference loop gives them too. Muon's parts:
-tests/unit/test_muon.py."""
+count) travels in the checkpoint and every rank takes the same step; the plain reference loop gives them too.
+Muon's parts: tests/unit/test_muon.py."""
 
 import numpy as np
 import pytest
@@ -29,7 +29,9 @@ def test_a_muon_run_resumes_loss_for_loss_in_one_process_and_in_two(shakespeare_
     run_dir = tmp_path / "run"
     # with the options of the 2026 recipes on (docs/performance.md#recipes), cut in the middle of the warmup
     args = [str(REPO / "config" / "tiny.py"), f"--data_dir={shakespeare_bin}", *SMALL, "--optimizer=muon",
-            "--muon_momentum_warmup=4", "--muon_cautious_wd=True", "--zero_init_proj=True", "--max_duration=6ba", "--save_interval=3ba", "--eval_interval=100ba", "--sample_length=0",
+            "--muon_momentum_warmup=4", "--muon_cautious_wd=True", "--muon_normuon=True", "--zero_init_proj=True",
+            "--x0_scalars=True", "--max_duration=6ba",
+            "--save_interval=3ba", "--eval_interval=100ba", "--sample_length=0",
             "--progress_bar=False", f"--save_folder={run_dir}", "--device=cpu", callbacks(run_dir)]
     train.main(args)  # the run that is never interrupted: 1 process, this one
     whole = losses_by_batch(run_dir)
@@ -40,6 +42,7 @@ def test_a_muon_run_resumes_loss_for_loss_in_one_process_and_in_two(shakespeare_
     state = checkpoint_state(run_dir / "ep0-ba3-rank0.pt")["optimizers"]["Muon"]
     assert sum("momentum_buffer" in s for s in state["state"].values()) == 8  # 2 layers x 4 matrices
     assert sorted(s["step"].item() for s in state["state"].values() if "momentum_buffer" in s) == [3] * 8  # warmup's
+    assert sum("neuron_sq" in s for s in state["state"].values()) == 8  # NorMuon's second moments
     # the plain reference loop (docs/training.md) follows optimizer="muon" too: train.py's losses
     plain = [loss for _, _, loss in plain_loop.train(load_config(args))]
     np.testing.assert_allclose(plain, [whole[b] for b in range(1, 7)], rtol=1e-5)

@@ -180,7 +180,7 @@ def test_flops_per_token_counts_the_variant_by_hand():
 
 
 @pytest.mark.parametrize("overrides", [LLAMA, {**LLAMA, "n_kv_head": 2, "qk_norm": True, "tie_embeddings": False},
-                                       dict(mlp="relu2", logit_softcap=15.0)])
+                                       dict(mlp="relu2", logit_softcap=15.0), {**LLAMA, "x0_scalars": True}])
 def test_a_variant_learns_and_its_export_rebuilds_it(tmp_path, overrides):
     model = tiny_model(seed=1, **overrides)
     torch.manual_seed(1)
@@ -247,3 +247,21 @@ def test_zero_init_proj_zeroes_only_the_output_projections_and_needs_a_new_model
     torch.testing.assert_close(zeroed(x, targets=x)[0], zeroed.lm_head(zeroed.transformer.ln_f(h)))
     with pytest.raises(UserError, match="zero_init_proj=True .* init_from=gpt2 gives the weights: set zero_init_pr"):
         load_config([*args, "--zero_init_proj=True", "--init_from=gpt2"])
+
+
+def test_x0_scalars_start_as_the_plain_model_and_mix_the_embeddings_into_every_block():
+    plain, mixed = tiny_model(seed=2, **LLAMA), tiny_model(seed=2, **LLAMA, x0_scalars=True)
+    assert mixed.load_state_dict(plain.state_dict(), strict=False).missing_keys == ["resid_lambdas", "x0_lambdas"]
+    x = torch.randint(0, 64, (2, 16))
+    torch.testing.assert_close(mixed(x, targets=x)[0], plain(x, targets=x)[0], rtol=0, atol=0)  # 1 * x + 0 * x0
+    assert all(p.dim() == 2 for p in mixed.hidden_matrices()) and len(mixed.hidden_matrices()) == len(
+        plain.hidden_matrices())  # the scalars are AdamW's (no decay: 1-D), not Muon's
+    with torch.no_grad():
+        mixed.resid_lambdas[1], mixed.x0_lambdas[1] = 0.5, 2.0
+    x0 = mixed.transformer.wte(x)  # by hand: block 1 reads 0.5 * (block 0's output) + 2 * x0
+    h = mixed.transformer.h[1](0.5 * mixed.transformer.h[0](x0, mixed_rope(mixed)) + 2.0 * x0, mixed_rope(mixed))
+    torch.testing.assert_close(mixed(x, targets=x)[0], mixed.lm_head(mixed.transformer.ln_f(h)))
+
+
+def mixed_rope(model):
+    return model.rope_cos[:16], model.rope_sin[:16]

@@ -293,3 +293,23 @@ def test_the_new_muon_settings_are_checked_and_a_change_on_resume_is_said():
     assert setting_changes(before_these_keys, ours) == ["muon_momentum_warmup=300 (was 0)",
                                                         "muon_cautious_wd=True (was False)"]
     assert setting_changes(before_these_keys, {**ours, "momentum_warmup": 0, "cautious_wd": False}) == []
+
+
+def test_normuon_evens_out_the_rows_and_keeps_the_updates_norm():
+    from pilegpt.train.muon import neuron_update
+
+    gen = torch.Generator().manual_seed(5)
+    update = orthogonalize(torch.randn(8, 32, generator=gen) * torch.linspace(0.1, 3, 8)[:, None])
+    state = {}
+    first = neuron_update(update, state, 0.95)
+    rows = first.square().mean(dim=1)
+    torch.testing.assert_close(rows, rows.mean().expand(8))  # after one step every neuron's update has one RMS
+    torch.testing.assert_close(first.norm(), update.norm())
+    torch.testing.assert_close(state["neuron_sq"], 0.05 * update.square().mean(dim=1))
+    second = neuron_update(update * 2, state, 0.95)  # the same direction again: the same evened-out update, x 2
+    torch.testing.assert_close(second, 2 * first)
+    p = nn.Parameter(torch.zeros(8, 32))
+    opt = Muon([dict(params=[p], muon=True)], lr=0.1, momentum=0.0, normuon=True)
+    p.grad = update.clone()
+    opt.step()
+    torch.testing.assert_close(p.detach(), -0.1 * neuron_update(orthogonalize(update), {}, 0.95))
