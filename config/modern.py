@@ -1,11 +1,12 @@
 # The model side as the field trains it in 2026, applied after a size preset (it sets no size):
 #   python train.py config/quickstart.py config/modern.py
 #   composer -n 8 train.py config/pile.py config/modern.py
-# RoPE, RMSNorm, ReLU² MLP, QK-norm, an untied output head, no biases, and Muon for the blocks' matrices (the
-# choices of nanochat and modded-nanogpt). bench/bench_recipe.py chose them: on the quickstart, this preset reaches
-# GPT-2's final val loss in 0.33x its steps and 0.41x its CPU time (docs/performance.md#recipes). A logit softcap
-# bought nothing there and cost 25% per step, so it is off; mlp = "swiglu" was within noise of ReLU². export_hf.py
-# writes this model as a stock Qwen3ForCausalLM (ReLU² as a gated ReLU MLP with gate = up: docs/huggingface.md).
+# RoPE, RMSNorm, ReLU² MLP, QK-norm, an untied output head, no biases, and Muon (with NorMuon's per-neuron
+# normalisation) for the blocks' matrices (the choices of nanochat and modded-nanogpt). bench/bench_recipe.py chose
+# them: on the quickstart, without NorMuon, this preset reached GPT-2's final val loss in 0.31x its steps and 0.33x
+# its CPU time at 2 threads (docs/performance.md#recipes). A logit softcap bought nothing there and cost 25% per
+# step, so it is off; mlp = "swiglu" was within noise of ReLU². export_hf.py writes this model as a stock
+# Qwen3ForCausalLM (ReLU² as a gated ReLU MLP with gate = up: docs/huggingface.md).
 import os
 
 # The run is named after this file (runs/modern, or $RUN_NAME), so that it never autoresumes the size preset's own
@@ -25,3 +26,7 @@ bias = False
 optimizer = "muon"
 muon_lr = 0.02
 muon_momentum = 0.95
+# NorMuon (each output neuron's update evened out by its second moment): on the size ladder it lowered the val loss
+# at 4 x 128 and 6 x 256 in both seeds (-0.027 to -0.067); momentum warmup, zero-init projections, cautious weight
+# decay and x0 scalars did not pay at both sizes in both seeds (docs/performance.md#the-2026-options-on-the-ladder)
+muon_normuon = True
