@@ -36,12 +36,10 @@ def orthogonalize(grad: torch.Tensor, steps: int = NS_STEPS) -> torch.Tensor:
 
 
 def warmed_momentum(group: dict, state: dict) -> float:
-    """The group's momentum at this parameter's step (counted in state["step"]), under momentum_warmup."""
+    """The group's momentum at this parameter's step (state["step"], 1 on the first; none in a checkpoint from
+    before the count: the warmup is over), under momentum_warmup."""
     warmup, m = group.get("momentum_warmup", 0), group["momentum"]
-    if "step" not in state:
-        return m
-    state["step"] += 1
-    if not warmup:
+    if not warmup or "step" not in state:
         return m
     frac = min(1.0, (state["step"].item() - 1) / warmup)
     return MOMENTUM_START + frac * (m - MOMENTUM_START) if m > MOMENTUM_START else m
@@ -103,7 +101,9 @@ class Muon(torch.optim.Optimizer):
         for p, state in self._with_gradients(group):
             if "momentum_buffer" not in state:
                 state["momentum_buffer"] = torch.zeros_like(p)
-                state["step"] = torch.tensor(0.0)  # for momentum_warmup; a checkpoint without it: warmup is over
+                state["step"] = torch.tensor(0.0)  # Muon's steps, for momentum_warmup
+            if "step" in state:
+                state["step"] += 1
             m = warmed_momentum(group, state)
             buf = state["momentum_buffer"]
             buf.lerp_(p.grad, 1 - m)
