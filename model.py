@@ -4,7 +4,7 @@ Importable alone (no Composer). The default architecture and parameter names are
 one to one onto OpenAI's GPT-2 weights (transformer.wte, transformer.wpe, transformer.h.N.ln_1,
 .attn.c_attn, .attn.c_proj, .ln_2, .mlp.c_fc, .mlp.c_proj, transformer.ln_f, lm_head). GPTConfig's
 architecture fields switch in RoPE, RMSNorm, ReLU² or SwiGLU, grouped-query attention, QK-norm, an untied
-head, a logit softcap and per-block residual and x0 scalars (docs/training.md#architecture).
+head, a logit softcap, per-block residual and x0 scalars and gated value embeddings (docs/training.md#architecture).
 
     from model import GPT, GPTConfig
     model = GPT(GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=256))
@@ -46,6 +46,7 @@ class GPTConfig:
     tie_embeddings: bool = True  # one matrix for wte and lm_head, like GPT-2; False gives lm_head its own
     logit_softcap: float = 0.0  # logits = softcap * tanh(logits / softcap); 0 = off
     x0_scalars: bool = False  # before block i: x = resid_lambdas[i] * x + x0_lambdas[i] * x0 (learned, from 1 and 0)
+    value_embeds: bool = False  # alternating layers (the last too) add a gated token embedding of their own to v
 
     def __post_init__(self):
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
@@ -58,7 +59,7 @@ class GPTConfig:
         dropout_ok = isinstance(self.dropout, (int, float)) and not isinstance(self.dropout, bool)
         if not (dropout_ok and 0.0 <= self.dropout < 1.0):
             raise ValueError(f"GPTConfig.dropout must be a number in [0, 1), got {self.dropout!r}")
-        for name in ("bias", "qk_norm", "tie_embeddings", "x0_scalars"):
+        for name in ("bias", "qk_norm", "tie_embeddings", "x0_scalars", "value_embeds"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"GPTConfig.{name} must be True or False, got {getattr(self, name)!r}")
         self._check_architecture()
@@ -99,6 +100,15 @@ class GPTConfig:
     @property
     def mlp_hidden(self) -> int:
         return swiglu_hidden(self.n_embd) if self.mlp == "swiglu" else 4 * self.n_embd
+
+
+def has_value_embed(layer: int, n_layer: int) -> bool:
+    """value_embeds: whether block `layer` has one. Every other block, counted back from the last, which always has
+    one (nanochat's choice; modded-nanogpt puts its few at the first and last blocks)."""
+    return layer % 2 == (n_layer - 1) % 2
+
+
+VE_GATE_CHANNELS = 32  # value_embeds: the gate reads the first 32 channels of the block's normed input
 
 
 def swiglu_hidden(n_embd: int, multiple_of: int = 256) -> int:
@@ -144,9 +154,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 class CausalSelfAttention(nn.Module):
     """Causal multi-head attention; with n_kv_head < n_head, groups of n_head/n_kv_head query heads share one
-    key/value head (grouped-query attention)."""
+    key/value head (grouped-query attention). With a value embedding ve (value_embeds; ResFormer's value residual,
+    as nanochat has it): v <- v + gate * ve, one gate in (0, 2) per key/value head and token, 2 sigmoid(ve_gate(x)),
+    read from x's first VE_GATE_CHANNELS channels; ve_gate starts at 0, so every gate starts at 1."""
 
-    def __init__(self, config: GPTConfig):
+    def __init__(self, config: GPTConfig, value_embed: bool = False):
         super().__init__()
         self.n_head, self.n_kv_head, self.head_size = config.n_head, config.kv_heads, config.head_size
         self.dropout = config.dropout
@@ -158,14 +170,20 @@ class CausalSelfAttention(nn.Module):
         if config.qk_norm:
             self.q_norm, self.k_norm = make_norm(config, self.head_size), make_norm(config, self.head_size)
         self.qk_norm = config.qk_norm
+        if value_embed:
+            self.ve_gate = nn.Linear(min(VE_GATE_CHANNELS, config.n_embd), self.n_kv_head, bias=False)
 
-    def forward(self, x: torch.Tensor, rope: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+                ve: Optional[torch.Tensor] = None) -> torch.Tensor:
         B, T, C = x.size()
         kv_dim = self.n_kv_head * self.head_size
         q, k, v = self.c_attn(x).split([C, kv_dim, kv_dim], dim=2)
         q = q.view(B, T, self.n_head, self.head_size)  # (B, T, nh, hs)
         k = k.view(B, T, self.n_kv_head, self.head_size)
         v = v.view(B, T, self.n_kv_head, self.head_size)
+        if ve is not None:  # (B, T, kv_dim) from the model's table for this block
+            gate = 2 * torch.sigmoid(self.ve_gate(x[..., :self.ve_gate.in_features]))  # (B, T, n_kv_head)
+            v = v + gate.unsqueeze(-1) * ve.view(B, T, self.n_kv_head, self.head_size)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
@@ -208,15 +226,16 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
 
-    def __init__(self, config: GPTConfig):
+    def __init__(self, config: GPTConfig, value_embed: bool = False):
         super().__init__()
         self.ln_1 = make_norm(config, config.n_embd)
-        self.attn = CausalSelfAttention(config)
+        self.attn = CausalSelfAttention(config, value_embed)
         self.ln_2 = make_norm(config, config.n_embd)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, rope: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), rope)
+    def forward(self, x: torch.Tensor, rope: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+                ve: Optional[torch.Tensor] = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), rope, ve)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -232,7 +251,8 @@ class GPT(nn.Module):
         self.transformer = nn.ModuleDict(dict(
             **parts,
             drop=nn.Dropout(config.dropout),
-            h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+            h=nn.ModuleList([Block(config, config.value_embeds and has_value_embed(i, config.n_layer))
+                             for i in range(config.n_layer)]),
             ln_f=make_norm(config, config.n_embd),
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
@@ -241,6 +261,10 @@ class GPT(nn.Module):
         if config.x0_scalars:  # modded-nanogpt's and nanochat's: each block also sees the embeddings x0 directly
             self.resid_lambdas = nn.Parameter(torch.ones(config.n_layer))
             self.x0_lambdas = nn.Parameter(torch.zeros(config.n_layer))
+        if config.value_embeds:  # one (V, kv_dim) table per block that has a value embedding, keyed by its index
+            kv_dim = config.kv_heads * config.head_size
+            self.value_embeds = nn.ModuleDict({str(i): nn.Embedding(config.vocab_size, kv_dim)
+                                               for i in range(config.n_layer) if has_value_embed(i, config.n_layer)})
         if config.pos_emb == "rope":  # computed, not learned: not in the state dict
             cos, sin = rope_tables(config.head_size, config.block_size, config.rope_theta)
             self.register_buffer("rope_cos", cos, persistent=False)
@@ -251,6 +275,8 @@ class GPT(nn.Module):
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+            elif name.endswith("ve_gate.weight"):
+                nn.init.zeros_(p)
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -278,10 +304,12 @@ class GPT(nn.Module):
         else:
             rope = (self.rope_cos[:T], self.rope_sin[:T])  # (T, hs/2) each
         x = x0 = self.transformer.drop(x)
+        value_embeds = self.value_embeds if self.config.value_embeds else {}  # block index (str) -> its table
         for i, block in enumerate(self.transformer.h):
             if self.config.x0_scalars:
                 x = self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
-            x = block(x, rope)
+            ve = value_embeds[str(i)](idx) if str(i) in value_embeds else None
+            x = block(x, rope, ve)
         x = self.transformer.ln_f(x)
         if targets is not None:
             logits = self.softcap(self.lm_head(x))  # (B, T, V)
@@ -318,8 +346,8 @@ class GPT(nn.Module):
         """Number of parameters, a tied wte/lm_head matrix counted once.
 
         non_embedding=True leaves out the lookup tables: the position embeddings (wpe), as nanoGPT and the
-        scaling-law papers count, and wte when it is untied. A tied wte stays in: as lm_head it does a real
-        matmul per token; an untied lm_head is counted as the matmul it is.
+        scaling-law papers count, the value embeddings, and wte when it is untied. A tied wte stays in: as lm_head it
+        does a real matmul per token; an untied lm_head is counted as the matmul it is.
         """
         n = sum(p.numel() for p in self.parameters())  # parameters() yields a shared tensor once
         if non_embedding:
@@ -327,6 +355,8 @@ class GPT(nn.Module):
                 n -= self.transformer.wpe.weight.numel()
             if not self.config.tie_embeddings:
                 n -= self.transformer.wte.weight.numel()
+            if self.config.value_embeds:
+                n -= sum(p.numel() for p in self.value_embeds.parameters())
         return n
 
     def flops_per_token(self) -> int:

@@ -81,7 +81,7 @@ from pilegpt.train.loaders import (
 )
 from pilegpt.train.metrics import BitsPerByte, CrossEntropyFromLoss, PerplexityFromLoss, token_bytes
 from pilegpt.train.mix import component_name, shares_line
-from pilegpt.train.muon import Muon, muon_groups
+from pilegpt.train.muon import build_muon
 from pilegpt.train.optim_settings import apply_group_settings, group_settings
 from pilegpt.train.preemption import PREEMPTED, CheckpointClock, StopOnSignal
 from pilegpt.train.report import PLOT, REPORT, write_report
@@ -364,10 +364,7 @@ def build_optimizer(cfg: TrainConfig, model: ComposerGPT, device: str, precision
     # AdamW's rate: learning_rate, or with lr_base_width learning_rate x (lr_base_width / n_embd) ** 0.5
     if cfg.optimizer == "muon":  # Muon for the blocks' 2-D weights at muon_lr, AdamW for the rest at learning_rate
         # (AdamW's part in torch's fused kernel, on CPU too)
-        optimizer = Muon(muon_groups(model.model, cfg.weight_decay, cfg.muon_lr, cfg.adamw_lr()),
-                         momentum=cfg.muon_momentum, betas=(cfg.beta1, cfg.beta2),
-                         momentum_warmup=cfg.muon_momentum_warmup, cautious_wd=cfg.muon_cautious_wd,
-                         normuon=cfg.muon_normuon)
+        optimizer = build_muon(model.model, cfg)
     else:  # weight decay on the 2-D weights only: GPT.optim_groups puts each parameter in one of two groups
         optimizer = torch.optim.AdamW(model.optim_groups(cfg.weight_decay), lr=cfg.adamw_lr(),
                                       betas=(cfg.beta1, cfg.beta2), fused=device == "gpu")

@@ -13,7 +13,7 @@ from pilegpt.common import UserError
 
 # GPTConfig's fields, but dropout: a run's checkpoints hold this model
 ARCH_FIELDS = ("pos_emb", "rope_theta", "norm", "mlp", "n_kv_head", "qk_norm", "tie_embeddings", "logit_softcap",
-               "x0_scalars")
+               "x0_scalars", "value_embeds")
 SHAPE_FIELDS = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "bias", *ARCH_FIELDS)
 CUSTOM_MODEL_FIELDS = ("model_class", "model_args")  # your own model instead of the GPT (model_contract.py)
 # settings that shape nothing of a model_class
@@ -40,6 +40,7 @@ class TrainConfig:
     tie_embeddings: bool = True  # one matrix for token embeddings and output head, like GPT-2
     logit_softcap: float = 0.0  # logits = softcap * tanh(logits / softcap); 0 = off
     x0_scalars: bool = False  # learned per-block scalars: x = resid_lambdas[i] * x + x0_lambdas[i] * x0 (embeddings)
+    value_embeds: bool = False  # gated token tables added to v on every other block, the last too (nanochat)
     zero_init_proj: bool = False  # from scratch: the blocks' output projections start at 0 (nanochat, modded-nanogpt)
     init_from: str = "scratch"  # weights: scratch, gpt2(-medium/-large/-xl), a HF GPT-2 folder, a pile-gpt checkpoint
     model_class: str = ""  # your own nn.Module, "package.module:Class" (docs/extending.md); "" = model.py's GPT
@@ -65,6 +66,7 @@ class TrainConfig:
     muon_momentum_warmup: int = 0  # Muon's momentum rises from 0.85 to muon_momentum over this many steps; 0 = off
     muon_cautious_wd: bool = False  # Muon's weight decay only where the update also pulls a weight towards 0
     muon_normuon: bool = False  # NorMuon: Muon's update evened out over output neurons by their second moment
+    muon_polar_express: bool = False  # Muon's orthogonalisation: Polar Express's coefficients, not Newton-Schulz's
     min_lr: float = 6e-5  # learning rate at the end of the schedule (max_duration)
     lr_schedule: str = "cosine"  # "cosine": warmup, cosine decay; "wsd": warmup, the peak, a linear warmdown
     warmdown: float = 0.2  # lr_schedule="wsd": the last fraction of max_duration, where the rate falls to min_lr

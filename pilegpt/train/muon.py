@@ -17,19 +17,31 @@ from pilegpt.common import UserError, one_line
 # hardly has, stay smaller.
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
 NS_STEPS = 5
+# Polar Express (Amsel et al. 2025, arXiv 2505.16932): the same quintic, with coefficients chosen anew for each of the
+# five steps (minimax-optimal for the step's interval of singular values), as modded-nanogpt and nanochat use them,
+# with their 2% safety margin on the starting norm. Steep early steps lift small singular values, late ones settle
+# every value close to 1 (tests/unit/test_muon.py measures both iterations on the same matrices).
+POLAR_EXPRESS_COEFFS = ((8.156554524902461, -22.48329292557795, 15.878769915207462),
+                        (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+                        (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+                        (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+                        (2.3465413258596377, -1.7097828382687081, 0.42323551169305323))
+POLAR_EXPRESS_SAFETY = 1.02
 MOMENTUM_START = 0.85  # momentum_warmup's first momentum (modded-nanogpt: 0.85 to 0.95 over 300 steps)
 
 
-def orthogonalize(grad: torch.Tensor, steps: int = NS_STEPS) -> torch.Tensor:
+def orthogonalize(grad: torch.Tensor, steps: int = NS_STEPS, polar_express: bool = False) -> torch.Tensor:
     """G's nearest semi-orthogonal matrix U V^T (G = U S V^T), approximately: its singular values all near 1.
-    fp32 on CPU (exact, deterministic), bf16 on GPU (fast; the iteration tolerates its rounding)."""
-    a, b, c = NS_COEFFS
+    fp32 on CPU (exact, deterministic), bf16 on GPU (fast; the iteration tolerates its rounding). polar_express:
+    Polar Express's five per-step coefficients instead of Newton-Schulz's one triple (steps is then at most 5)."""
+    coeffs = POLAR_EXPRESS_COEFFS[:steps] if polar_express else (NS_COEFFS,) * steps
     x = grad.to(torch.bfloat16 if grad.is_cuda else torch.float32)
     tall = x.size(0) > x.size(1)
     if tall:  # iterate on the wide orientation: X X^T is then the smaller square
         x = x.T
-    x = x / (x.norm() + 1e-7)  # the Frobenius norm bounds the spectral norm: every singular value now <= 1
-    for _ in range(steps):
+    # the Frobenius norm bounds the spectral norm: every singular value now <= 1 (Polar Express: <= 1 / 1.02)
+    x = x / (x.norm() * (POLAR_EXPRESS_SAFETY if polar_express else 1.0) + 1e-7)
+    for a, b, c in coeffs:
         gram = x @ x.T
         x = a * x + (b * gram + c * gram @ gram) @ x
     return (x.T if tall else x).to(grad.dtype)
@@ -66,13 +78,15 @@ class Muon(torch.optim.Optimizer):
     momentum_warmup > 0: Muon's momentum rises linearly from MOMENTUM_START to `momentum` over that many of its
     steps (modded-nanogpt's); cautious_wd: Muon's weight decay only where the update moves the weight towards 0
     as the decay does (sign(update) = sign(weight); Chen et al. 2025, "Cautious Weight Decay"); normuon: the
-    orthogonalised update's rows (output neurons) evened out by their second moment (neuron_update)."""
+    orthogonalised update's rows (output neurons) evened out by their second moment (neuron_update); polar_express:
+    orthogonalize's Polar Express coefficients."""
 
     def __init__(self, params, lr: float = 0.02, momentum: float = 0.95, betas: tuple[float, float] = (0.9, 0.95),
                  eps: float = 1e-8, weight_decay: float = 0.0, fused: bool = True, momentum_warmup: int = 0,
-                 cautious_wd: bool = False, normuon: bool = False):
+                 cautious_wd: bool = False, normuon: bool = False, polar_express: bool = False):
         defaults = dict(lr=lr, momentum=momentum, betas=betas, eps=eps, weight_decay=weight_decay, muon=False,
-                        fused=fused, momentum_warmup=momentum_warmup, cautious_wd=cautious_wd, normuon=normuon)
+                        fused=fused, momentum_warmup=momentum_warmup, cautious_wd=cautious_wd, normuon=normuon,
+                        polar_express=polar_express)
         super().__init__(params, defaults)
         for group in self.param_groups:
             if group["muon"] and any(p.dim() != 2 for p in group["params"]):
@@ -107,7 +121,7 @@ class Muon(torch.optim.Optimizer):
             m = warmed_momentum(group, state)
             buf = state["momentum_buffer"]
             buf.lerp_(p.grad, 1 - m)
-            update = orthogonalize(p.grad.lerp(buf, m))
+            update = orthogonalize(p.grad.lerp(buf, m), polar_express=group.get("polar_express", False))
             if group.get("normuon"):
                 update = neuron_update(update, state, group["betas"][1])
             # An m x n semi-orthogonal matrix has RMS 1/sqrt(max(m, n)); times sqrt(max(1, m/n)) every update has
@@ -139,6 +153,14 @@ class Muon(torch.optim.Optimizer):
         adamw(params, grads, exp_avgs, exp_avg_sqs, [], steps, fused=group["fused"] or None, amsgrad=False,
               beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"], eps=group["eps"],
               maximize=False)
+
+
+def build_muon(model: nn.Module, cfg) -> Muon:
+    """train.py's and plain_loop.py's Muon for `model` from a TrainConfig: Muon for model.hidden_matrices() at
+    muon_lr, AdamW (torch's fused kernel, on CPU too) for the rest at cfg.adamw_lr(), with the run's Muon options."""
+    return Muon(muon_groups(model, cfg.weight_decay, cfg.muon_lr, cfg.adamw_lr()), momentum=cfg.muon_momentum,
+                betas=(cfg.beta1, cfg.beta2), momentum_warmup=cfg.muon_momentum_warmup,
+                cautious_wd=cfg.muon_cautious_wd, normuon=cfg.muon_normuon, polar_express=cfg.muon_polar_express)
 
 
 def muon_groups(model: nn.Module, weight_decay: float, muon_lr: float, adamw_lr: float) -> list[dict]:

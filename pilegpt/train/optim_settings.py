@@ -1,9 +1,9 @@
 """The run's optimizer settings on autoresume: Composer restores each parameter group's hyperparameters (lr,
 weight_decay, betas, Muon's momentum and its options) and the schedule's base learning rates from the checkpoint, so
 that a changed learning_rate, muon_lr, weight_decay, beta1, beta2, muon_momentum, muon_momentum_warmup,
-muon_cautious_wd or muon_normuon would be ignored in silence while config.json records the new value. Here the
-run's settings replace them; the optimizer's state (moments, momentum buffers, step counts) stays the checkpoint's.
-warmup, min_lr and max_duration need nothing: the schedule reads them each batch.
+muon_cautious_wd, muon_normuon or muon_polar_express would be ignored in silence while config.json records the new
+value. Here the run's settings replace them; the optimizer's state (moments, momentum buffers, step counts) stays the
+checkpoint's. warmup, min_lr and max_duration need nothing: the schedule reads them each batch.
 
     built = group_settings(optimizer)                     # before the Trainer loads a checkpoint into it
     changes = apply_group_settings(optimizer, scheduler, built)   # after: ["learning_rate=0.001 (was 0.003)", ...]
@@ -19,9 +19,10 @@ from pilegpt.common import UserError
 
 # a group's key -> the setting that gives it (betas: beta1, beta2); other keys (eps, fused) are not settings
 SETTING_OF = {"weight_decay": "weight_decay", "momentum": "muon_momentum", "momentum_warmup": "muon_momentum_warmup",
-              "cautious_wd": "muon_cautious_wd", "normuon": "muon_normuon"}
-MUON_ONLY = ("momentum", "momentum_warmup", "cautious_wd", "normuon")  # AdamW's groups carry them unused
-BEFORE_THEM = {"momentum_warmup": 0, "cautious_wd": False, "normuon": False}  # a checkpoint from before these keys
+              "cautious_wd": "muon_cautious_wd", "normuon": "muon_normuon", "polar_express": "muon_polar_express"}
+MUON_ONLY = ("momentum", "momentum_warmup", "cautious_wd", "normuon", "polar_express")  # AdamW's groups: unused
+BEFORE_THEM = {"momentum_warmup": 0, "cautious_wd": False, "normuon": False,  # a checkpoint from before these keys
+               "polar_express": False}
 
 
 def group_settings(optimizer: torch.optim.Optimizer) -> list[dict]:

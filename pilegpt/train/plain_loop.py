@@ -16,7 +16,7 @@ from model import GPT
 from pilegpt.common import UserError
 from pilegpt.train.config import TrainConfig
 from pilegpt.train.loaders import build_dataloaders
-from pilegpt.train.muon import Muon, muon_groups
+from pilegpt.train.muon import build_muon
 from pilegpt.train.schedule import wsd_decay
 
 
@@ -56,10 +56,7 @@ def train(cfg: TrainConfig, model: GPT | None = None) -> Iterator[tuple[int, int
     Composer's microbatches (when device_train_microbatch_size is smaller) add up to the same gradient."""
     model = build_model(cfg) if model is None else model
     if cfg.optimizer == "muon":  # Muon for the blocks' 2-D weights, AdamW for embeddings, biases and LayerNorm gains
-        optimizer = Muon(muon_groups(model, cfg.weight_decay, cfg.muon_lr, cfg.adamw_lr()),
-                         momentum=cfg.muon_momentum, betas=(cfg.beta1, cfg.beta2),
-                         momentum_warmup=cfg.muon_momentum_warmup, cautious_wd=cfg.muon_cautious_wd,
-                         normuon=cfg.muon_normuon)
+        optimizer = build_muon(model, cfg)
     else:  # weight decay on the 2-D weights only (matmuls, embeddings), not on biases and LayerNorm gains
         optimizer = torch.optim.AdamW(model.optim_groups(cfg.weight_decay), lr=cfg.adamw_lr(),
                                       betas=(cfg.beta1, cfg.beta2))
