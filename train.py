@@ -191,8 +191,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         cfg = folder.cfg
         if world.rank == 0:
             print(f"train.py: {world.size} process(es) on {device}, precision {precision}; config:\n"
-                  + mask_secrets(config_text(cfg)) + (f"\n{cfg.width_rule_note()}" if cfg.lr_base_width else ""),
-                  flush=True)
+                  + mask_secrets(config_text(cfg)) + (f"\n{cfg.width_rule_note()}" if cfg.lr_base_width else "")
+                  + (f"\n{note}" if (note := cfg.unused_muon_note()) else ""), flush=True)
         model = build_model(cfg, pretrained, folder, world)
         del pretrained  # its weights are in the model now (or not wanted): free them
         trainer, out = build_trainer(cfg, model, folder, world, device, precision)

@@ -18,6 +18,8 @@ SHAPE_FIELDS = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "bias
 CUSTOM_MODEL_FIELDS = ("model_class", "model_args")  # your own model instead of the GPT (model_contract.py)
 # settings that shape nothing of a model_class
 GPT_ONLY_FIELDS = ("n_layer", "n_head", "n_embd", "bias", *ARCH_FIELDS, "dropout", "zero_init_proj")
+MUON_SETTINGS = ("muon_lr", "muon_momentum", "muon_momentum_warmup", "muon_cautious_wd", "muon_normuon",
+                 "muon_polar_express")  # what optimizer="adamw" leaves unused
 DATA_KEYS = ("data_dir", "data_remote", "data_mix")  # three ways to name the data: one per run
 
 
@@ -355,6 +357,15 @@ class TrainConfig:
                 f"rates at n_embd={b}; at n_embd={n}, x ({b}/{n})**0.5 = {k:.4g}: {self.adamw_lr():.4g} and "
                 f"{self.min_lr * k:.4g}" + (f"; Muon's muon_lr={self.muon_lr:g} as set" if self.optimizer == "muon"
                                            else ""))
+
+    def unused_muon_note(self) -> str:
+        """With optimizer="adamw", one line naming Muon's settings set to other than their defaults (they do nothing
+        then: a --optimizer=adamw over config/modern.py, say); "" when there are none."""
+        defaults = TrainConfig.__dataclass_fields__
+        unused = [f"{k}={getattr(self, k)!r}" for k in MUON_SETTINGS if getattr(self, k) != defaults[k].default]
+        if self.optimizer == "muon" or not unused:
+            return ""
+        return f"{', '.join(unused)}: Muon's settings, unused with optimizer='adamw' (set optimizer='muon' to use them)"
 
     def model_config(self):
         from model import GPTConfig

@@ -265,3 +265,45 @@ def test_x0_scalars_start_as_the_plain_model_and_mix_the_embeddings_into_every_b
 
 def mixed_rope(model):
     return model.rope_cos[:16], model.rope_sin[:16]
+
+
+def test_value_embeds_sit_on_every_other_block_counted_from_the_last():
+    from model import has_value_embed
+
+    assert [i for i in range(4) if has_value_embed(i, 4)] == [1, 3]
+    assert [i for i in range(5) if has_value_embed(i, 5)] == [0, 2, 4]
+    assert [i for i in range(1) if has_value_embed(i, 1)] == [0]
+    model = tiny_model(n_layer=4, value_embeds=True, **LLAMA)
+    assert sorted(model.value_embeds) == ["1", "3"] and model.value_embeds["1"].weight.shape == (64, 32)
+    assert [hasattr(b.attn, "ve_gate") for b in model.transformer.h] == [False, True, False, True]
+    plain = tiny_model(n_layer=4, **LLAMA)  # the tables are lookups: not in the non-embedding count
+    assert model.num_params(non_embedding=True) == plain.num_params(non_embedding=True) + 2 * 4 * 32  # 2 gates
+    assert model.num_params() == plain.num_params() + 2 * 64 * 32 + 2 * 4 * 32
+    gates = [b.attn.ve_gate.weight for b in model.transformer.h[1::2]]  # Muon's (2-D, in a block); tables: AdamW's
+    assert {id(p) for p in gates} <= {id(p) for p in model.hidden_matrices()}
+    assert not {id(p) for p in model.value_embeds.parameters()} & {id(p) for p in model.hidden_matrices()}
+
+
+def test_value_embeds_add_a_gated_token_table_to_v():
+    plain, ve = tiny_model(seed=3, **LLAMA), tiny_model(seed=3, **LLAMA, value_embeds=True)
+    missing = ve.load_state_dict(plain.state_dict(), strict=False).missing_keys
+    assert missing == ["transformer.h.1.attn.ve_gate.weight", "value_embeds.1.weight"]
+    x = torch.randint(0, 64, (2, 16))
+    with torch.no_grad():
+        ve.value_embeds["1"].weight.zero_()  # a zero table adds nothing: the plain model's logits
+    torch.testing.assert_close(ve(x, targets=x)[0], plain(x, targets=x)[0], rtol=0, atol=0)
+    torch.manual_seed(4)
+    with torch.no_grad():
+        ve.value_embeds["1"].weight.normal_()
+        ve.transformer.h[1].attn.ve_gate.weight.normal_()
+    attn, h = ve.transformer.h[1].attn, ve.transformer.h[0](ve.transformer.wte(x), mixed_rope(ve))
+    a = ve.transformer.h[1].ln_1(h)  # by hand: block 1's attention with v + 2 sigmoid(gate(a)) * table[x]
+    q, k, v = attn.c_attn(a).split(32, dim=2)
+    gate = 2 * torch.sigmoid(a @ attn.ve_gate.weight.T)  # (B, T, 4 heads): n_embd 32 <= 32 gate channels
+    v = v.view(2, 16, 4, 8) + gate[..., None] * ve.value_embeds["1"](x).view(2, 16, 4, 8)
+    q, k = (apply_rope(t.view(2, 16, 4, 8), *mixed_rope(ve)) for t in (q, k))
+    y = causal_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2).reshape(2, 16, 32)
+    torch.testing.assert_close(attn(a, mixed_rope(ve), ve.value_embeds["1"](x)), attn.c_proj(y))
+    assert attn.ve_gate.in_features == 32
+    torch.testing.assert_close(tiny_model(**LLAMA, value_embeds=True).transformer.h[1].attn.ve_gate.weight,
+                               torch.zeros(4, 32), rtol=0, atol=0)  # every gate starts at 2 sigmoid(0) = 1

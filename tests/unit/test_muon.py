@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from helpers import tiny_gpt
+from helpers import REPO, tiny_gpt
 from pilegpt.common import UserError
 from pilegpt.train import config_load as train_config
 from pilegpt.train.muon import NS_COEFFS, NS_STEPS, Muon, muon_groups, orthogonalize
@@ -313,3 +313,66 @@ def test_normuon_evens_out_the_rows_and_keeps_the_updates_norm():
     p.grad = update.clone()
     opt.step()
     torch.testing.assert_close(p.detach(), -0.1 * neuron_update(orthogonalize(update), {}, 0.95))
+
+
+def polar_express(x: torch.Tensor) -> torch.Tensor:
+    """Polar Express's five polynomials, each on the singular values (normalised by 1.02 x the Frobenius norm)."""
+    from pilegpt.train.muon import POLAR_EXPRESS_COEFFS
+
+    x = x / 1.02
+    for a, b, c in POLAR_EXPRESS_COEFFS:
+        x = a * x + b * x ** 3 + c * x ** 5
+    return x
+
+
+@pytest.mark.parametrize("shape", [(32, 32), (96, 32), (32, 128)])
+def test_polar_express_is_u_times_its_five_polynomials_of_the_singular_values_times_v(shape):
+    s = torch.logspace(0, -2, min(shape), dtype=torch.float64)
+    g, u, v = with_spectrum(*shape, s)
+    expected = (u * polar_express(s / s.norm())) @ v.T
+    torch.testing.assert_close(orthogonalize(g.float(), polar_express=True).double(), expected, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("shape", [(64, 64), (192, 64), (64, 256), (768, 3072)])
+def test_polar_express_ends_closer_to_1_than_newton_schulz(shape):
+    # the scalar maps over [0.002, 1] of the Frobenius norm: Polar Express [0.8589, 1.1411], Newton-Schulz's quintic
+    # [0.6818, 1.2024]; on the same matrices Polar Express's singular values lie in the narrower band
+    gen = torch.Generator().manual_seed(1)
+    g = with_spectrum(*shape, torch.logspace(0, -1, min(shape), dtype=torch.float64))[0]
+    gradients = [g, torch.randn(*shape, generator=gen, dtype=torch.float64)] if shape[0] != shape[1] else [g]
+    for g in gradients:
+        sv = torch.linalg.svdvals(orthogonalize(g.float(), polar_express=True).double())
+        assert 0.85 <= sv.min() and sv.max() <= 1.15, (sv.min(), sv.max())
+        ns = torch.linalg.svdvals(orthogonalize(g.float()).double())
+        assert (sv - 1).abs().max() < (ns - 1).abs().max()
+    assert torch.equal(orthogonalize(torch.zeros(8, 4), polar_express=True), torch.zeros(8, 4))
+
+
+def test_polar_express_is_a_setting_that_reaches_the_groups_and_a_change_on_resume_is_said():
+    from pilegpt.train.muon import build_muon
+    from pilegpt.train.optim_settings import setting_changes
+
+    cfg = train_config.load_config([*DATA, "--optimizer=muon", "--muon_polar_express=True"])
+    opt = build_muon(tiny_gpt(), cfg)
+    assert [g["polar_express"] for g in opt.param_groups] == [True, True, True]
+    for bad in ("1", "yes", ""):
+        with pytest.raises(UserError, match="muon_polar_express"):
+            train_config.load_config([*DATA, f"--muon_polar_express={bad}"])
+    before = dict(lr=0.02, weight_decay=0.1, momentum=0.95, muon=True)  # a checkpoint from before the key
+    assert setting_changes(before, {**before, "polar_express": True}) == ["muon_polar_express=True (was False)"]
+    assert setting_changes(before, {**before, "polar_express": False}) == []
+    p = nn.Parameter(torch.zeros(8, 32))
+    g = torch.randn(8, 32, generator=torch.Generator().manual_seed(2))
+    step = Muon([dict(params=[p], muon=True)], lr=0.1, momentum=0.0, polar_express=True)
+    p.grad = g.clone()
+    step.step()  # momentum 0: the update is the orthogonalised gradient, lr x shape scale 1 (wide)
+    torch.testing.assert_close(p.detach(), -0.1 * orthogonalize(g, polar_express=True))
+
+
+def test_muons_settings_under_adamw_are_named_as_unused_in_one_line():
+    modern = str(REPO / "config" / "modern.py")
+    over_the_preset = train_config.load_config([*DATA, modern, "--optimizer=adamw"])
+    assert over_the_preset.unused_muon_note() == ("muon_normuon=True: Muon's settings, unused with optimizer='adamw' "
+                                                  "(set optimizer='muon' to use them)")
+    assert train_config.load_config([*DATA, modern]).unused_muon_note() == ""
+    assert train_config.load_config(DATA).unused_muon_note() == ""
