@@ -361,8 +361,7 @@ class TrainConfig:
     def unused_muon_note(self) -> str:
         """With optimizer="adamw", one line naming Muon's settings set to other than their defaults (they do nothing
         then: a --optimizer=adamw over config/modern.py, say); "" when there are none."""
-        defaults = TrainConfig.__dataclass_fields__
-        unused = [f"{k}={getattr(self, k)!r}" for k in MUON_SETTINGS if getattr(self, k) != defaults[k].default]
+        unused = non_defaults(self, MUON_SETTINGS)
         if self.optimizer == "muon" or not unused:
             return ""
         return f"{', '.join(unused)}: Muon's settings, unused with optimizer='adamw' (set optimizer='muon' to use them)"
@@ -414,9 +413,13 @@ def used_settings(cfg: TrainConfig) -> dict[str, Any]:
 def unused_gpt_settings(cfg: TrainConfig) -> list[str]:
     """With a model_class, the GPT_ONLY_FIELDS set to other than their defaults ("n_layer=7"): settings that do
     nothing in this run."""
+    return non_defaults(cfg, GPT_ONLY_FIELDS) if cfg.model_class else []
+
+
+def non_defaults(cfg: TrainConfig, names: tuple[str, ...]) -> list[str]:
+    """Those of `names` that cfg sets to other than their defaults, as "name=value"."""
     defaults = TrainConfig.__dataclass_fields__
-    return [f"{k}={getattr(cfg, k)!r}" for k in GPT_ONLY_FIELDS
-            if cfg.model_class and getattr(cfg, k) != defaults[k].default]
+    return [f"{k}={getattr(cfg, k)!r}" for k in names if getattr(cfg, k) != defaults[k].default]
 
 
 def config_text(cfg: TrainConfig) -> str:
