@@ -21,7 +21,7 @@ from pilegpt.checkpoint import existing_checkpoints
 from pilegpt.common import UserError, atomic_write_text, check_writable_folder
 from pilegpt.s3 import S3Dir
 from pilegpt.train import cluster, data_record, lock
-from pilegpt.train.config import CUSTOM_MODEL_FIELDS, SHAPE_FIELDS, TrainConfig, saved_form
+from pilegpt.train.config import CUSTOM_MODEL_FIELDS, GPT_ONLY_FIELDS, SHAPE_FIELDS, TrainConfig, saved_form
 from pilegpt.train.loaders import refresh_mds_cache
 from pilegpt.train.resume import set_aside_broken_checkpoints
 
@@ -115,14 +115,26 @@ def check_same_model(cfg: TrainConfig, run_dir: str, save_folder: str) -> None:
         return
     saved = saved_config(path)
     fix = f"resume with the run's settings ({path}) or start a new run with another --run_name"
-    if "optimizer" in saved and saved["optimizer"] != cfg.optimizer:
-        raise UserError(f"autoresume: the checkpoints in {save_folder} are of optimizer {saved['optimizer']}; this "
-                        f"run asks for {cfg.optimizer}: {fix}")
-    changed = [f"{k}={getattr(cfg, k)!r} (the run has {saved[k]!r})" for k in (*SHAPE_FIELDS, *CUSTOM_MODEL_FIELDS)
-               if k in saved and saved_form(saved[k]) != saved_form(getattr(cfg, k))]  # (64,) went in as [64]
+    if (optimizer := recorded(saved, "optimizer")) != cfg.optimizer:
+        raise UserError(f"autoresume: the checkpoints in {save_folder} are of optimizer {optimizer}; this run asks "
+                        f"for {cfg.optimizer}: {fix}")
+    # a key config.json lacks is a setting added since the run began (it ran with the default), or, in a run of
+    # a model_class, one of the GPT's own, which shape nothing of it (used_settings leaves them out)
+    names = [k for k in (*SHAPE_FIELDS, *CUSTOM_MODEL_FIELDS) if k in saved or not (saved.get("model_class") and
+                                                                                   k in GPT_ONLY_FIELDS)]
+    changed = [f"{k}={getattr(cfg, k)!r} (the run has {recorded(saved, k)!r})" for k in names
+               if saved_form(recorded(saved, k)) != saved_form(getattr(cfg, k))]  # (64,) went in as [64]
     if changed:
         raise UserError(f"autoresume: the checkpoints in {save_folder} are of another model: {', '.join(changed)}; "
                         f"{fix}")
+
+
+def recorded(saved: dict, name: str) -> object:
+    """A setting as a run's config.json records it; one it lacks (added to TrainConfig since) as its default."""
+    if name in saved:
+        return saved[name]
+    field = TrainConfig.__dataclass_fields__[name]
+    return field.default_factory() if field.default is dataclasses.MISSING else field.default
 
 
 def saved_config(path: str) -> dict:

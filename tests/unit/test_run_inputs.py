@@ -2,6 +2,7 @@
 bounded memory and skips a stray eval result; eval.py checks --out before scoring, splits JSON lines at \\n only,
 names a non-UTF-8 byte by file:line and refuses a label that is not an index, in one line."""
 
+import dataclasses
 import json
 import tracemalloc
 
@@ -13,7 +14,8 @@ from helpers import HELLASWAG_TINY, main_error
 from pilegpt import hellaswag, storage
 from pilegpt.common import UserError
 from pilegpt.train import report as run_report
-from pilegpt.train.config import TrainConfig
+from pilegpt.train.config import TrainConfig, used_settings
+from pilegpt.train.run_folder import check_same_model
 
 
 def write_run(folder, metrics: str):
@@ -102,3 +104,37 @@ def test_a_label_that_is_not_an_ending_index_is_one_line(tmp_path, label):
     path.write_text(json.dumps(record) + "\n", encoding="utf-8")
     with pytest.raises(UserError, match=r"h\.jsonl:1: 'label' must be the index of the right ending"):
         hellaswag.read_examples(path)
+
+
+def older_run(folder, cfg: TrainConfig, drop: tuple[str, ...]) -> str:
+    """A run folder whose config.json is as a train.py from before the settings `drop` existed wrote it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    settings = {k: v for k, v in used_settings(cfg).items() if k not in drop}
+    (folder / "config.json").write_text(json.dumps({"config": settings, "world_size": 1, "device": "cpu"}))
+    return str(folder)
+
+
+@pytest.mark.parametrize("setting", ["value_embeds", "x0_scalars", "optimizer"])
+def test_a_setting_newer_than_the_run_is_read_as_its_default_on_autoresume(tmp_path, setting):
+    """A run begun before a setting existed ran with its default: resumed with it changed, the refusal is one line
+    (not a failure later, when the checkpoint's weights do not fit); resumed with the default, nothing is said."""
+    cfg = TrainConfig(data_dir="d", run_name="r")
+    run_dir = older_run(tmp_path / "run", cfg, drop=(setting,))
+    check_same_model(cfg, run_dir, run_dir)  # the default: the same model
+    changed = dataclasses.replace(cfg, optimizer="muon") if setting == "optimizer" else \
+        dataclasses.replace(cfg, **{setting: True})
+    with pytest.raises(UserError) as e:
+        check_same_model(changed, run_dir, run_dir)
+    said = "of optimizer adamw; this run asks for muon" if setting == "optimizer" else \
+        f"are of another model: {setting}=True (the run has False)"
+    assert said in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_model_class_run_lacks_the_gpts_settings_and_resumes(tmp_path):
+    """A model_class run's config.json leaves out the GPT's own settings (used_settings): their absence is no change."""
+    cfg = TrainConfig(data_dir="d", run_name="r", model_class="mypkg:Model", value_embeds=True)
+    run_dir = older_run(tmp_path / "run", cfg, drop=())
+    assert "value_embeds" not in json.loads((tmp_path / "run" / "config.json").read_text())["config"]
+    check_same_model(cfg, run_dir, run_dir)
+    with pytest.raises(UserError, match="model_class='other:Model' \\(the run has 'mypkg:Model'\\)"):
+        check_same_model(dataclasses.replace(cfg, model_class="other:Model"), run_dir, run_dir)
