@@ -83,6 +83,7 @@ from pilegpt.train.metrics import BitsPerByte, CrossEntropyFromLoss, PerplexityF
 from pilegpt.train.mix import component_name, shares_line
 from pilegpt.train.muon import build_muon
 from pilegpt.train.optim_settings import apply_group_settings, group_settings
+from pilegpt.train.part_rates import with_part_rates
 from pilegpt.train.preemption import PREEMPTED, CheckpointClock, StopOnSignal
 from pilegpt.train.report import PLOT, REPORT, write_report
 from pilegpt.train.run_folder import CONFIG_JSON, RunFolder
@@ -366,8 +367,8 @@ def build_optimizer(cfg: TrainConfig, model: ComposerGPT, device: str, precision
         # (AdamW's part in torch's fused kernel, on CPU too)
         optimizer = build_muon(model.model, cfg)
     else:  # weight decay on the 2-D weights only: GPT.optim_groups puts each parameter in one of two groups
-        optimizer = torch.optim.AdamW(model.optim_groups(cfg.weight_decay), lr=cfg.adamw_lr(),
-                                      betas=(cfg.beta1, cfg.beta2), fused=device == "gpu")
+        groups = with_part_rates(model.optim_groups(cfg.weight_decay), model.model, cfg)  # embedding_lr, head_lr
+        optimizer = torch.optim.AdamW(groups, lr=cfg.adamw_lr(), betas=(cfg.beta1, cfg.beta2), fused=device == "gpu")
     # the gradients' global norm clipped to grad_clip after the backward pass, before the optimizer step
     # (Composer's GradientClipping runs at AFTER_TRAIN_BATCH); grad_clip=0 turns it off
     clipping = [GradientClipping(clipping_type="norm", clipping_threshold=cfg.grad_clip)] if cfg.grad_clip else []

@@ -18,6 +18,7 @@ SHAPE_FIELDS = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "bias
 CUSTOM_MODEL_FIELDS = ("model_class", "model_args")  # your own model instead of the GPT (model_contract.py)
 # settings that shape nothing of a model_class
 GPT_ONLY_FIELDS = ("n_layer", "n_head", "n_embd", "bias", *ARCH_FIELDS, "dropout", "zero_init_proj")
+PART_RATES = ("embedding_lr", "head_lr")  # AdamW's rates for parts of the GPT: pilegpt/train/part_rates.py
 MUON_SETTINGS = ("muon_lr", "muon_momentum", "muon_momentum_warmup", "muon_cautious_wd", "muon_normuon",
                  "muon_polar_express")  # what optimizer="adamw" leaves unused
 DATA_KEYS = ("data_dir", "data_remote", "data_mix")  # three ways to name the data: one per run
@@ -63,7 +64,9 @@ class TrainConfig:
     optimizer: str = "adamw"  # "adamw", or "muon": Muon for the blocks' 2-D weights, AdamW for the rest
     learning_rate: float = 6e-4  # peak learning rate, reached after warmup (AdamW's, also with optimizer="muon")
     muon_lr: float = 0.02  # Muon's peak learning rate (optimizer="muon"), on the same schedule as learning_rate
-    lr_base_width: int = 0  # > 0: learning_rate and min_lr are AdamW's at this n_embd, x (lr_base_width/n_embd)**0.5
+    embedding_lr: float = 0.0  # AdamW's peak rate for the embedding tables (wte, wpe, value_embeds); 0 = learning_rate
+    head_lr: float = 0.0  # AdamW's peak rate for the untied output head (lm_head); 0 = learning_rate
+    lr_base_width: int = 0  # > 0: AdamW's rates (these 3, min_lr) are at this n_embd, x (lr_base_width/n_embd)**0.5
     muon_momentum: float = 0.95  # Muon's momentum (Nesterov)
     muon_momentum_warmup: int = 0  # Muon's momentum rises from 0.85 to muon_momentum over this many steps; 0 = off
     muon_cautious_wd: bool = False  # Muon's weight decay only where the update also pulls a weight towards 0
@@ -238,6 +241,7 @@ class TrainConfig:
             errors.append(f"optimizer must be 'adamw' or 'muon', got {self.optimizer!r}")
         if not 0 < self.muon_lr:
             errors.append(f"muon_lr must be > 0, got {self.muon_lr}")
+        errors += self._check_part_rates()
         if self.lr_base_width < 0:
             errors.append(f"lr_base_width must be >= 0 (0 = off; else the width learning_rate is stated for, e.g. "
                           f"128), got {self.lr_base_width}")
@@ -252,6 +256,18 @@ class TrainConfig:
         if self.optimizer == "muon" and self.fsdp:  # Newton-Schulz needs the whole matrix; a rank holds a shard
             errors.append("optimizer='muon' cannot run with fsdp=True (it orthogonalises whole 2-D weights, FSDP "
                           "shards them): set fsdp=False (DDP) or optimizer='adamw'")
+        return errors
+
+    def _check_part_rates(self) -> list[str]:
+        """embedding_lr and head_lr: 0 (learning_rate's) or a rate; each names a part of model.py's GPT."""
+        errors = [f"{k} must be >= 0 (0 = learning_rate's), got {getattr(self, k)}" for k in PART_RATES
+                  if getattr(self, k) < 0]
+        if self.head_lr and self.tie_embeddings:
+            errors.append(f"head_lr={self.head_lr:g} is for an untied output head, but tie_embeddings=True makes the "
+                          "head the token embedding (embedding_lr's): set tie_embeddings=False or head_lr=0")
+        errors += [f"{k}={getattr(self, k):g} is the rate of a part of model.py's GPT, which model_class="
+                   f"{self.model_class} does not have: set {k}=0" for k in PART_RATES
+                   if getattr(self, k) and self.model_class]
         return errors
 
     def _check_schedule(self) -> list[str]:
@@ -355,8 +371,9 @@ class TrainConfig:
         b, n, k = self.lr_base_width, self.n_embd, self.width_scale()
         return (f"lr_base_width={b}: learning_rate={self.learning_rate:g} and min_lr={self.min_lr:g} are AdamW's "
                 f"rates at n_embd={b}; at n_embd={n}, x ({b}/{n})**0.5 = {k:.4g}: {self.adamw_lr():.4g} and "
-                f"{self.min_lr * k:.4g}" + (f"; Muon's muon_lr={self.muon_lr:g} as set" if self.optimizer == "muon"
-                                           else ""))
+                f"{self.min_lr * k:.4g}" + "".join(f"; {p}={getattr(self, p):g}: {getattr(self, p) * k:.4g}"
+                                                   for p in PART_RATES if getattr(self, p))
+                + (f"; Muon's muon_lr={self.muon_lr:g} as set" if self.optimizer == "muon" else ""))
 
     def unused_muon_note(self) -> str:
         """With optimizer="adamw", one line naming Muon's settings set to other than their defaults (they do nothing

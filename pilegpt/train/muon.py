@@ -9,6 +9,7 @@ from torch import nn
 from torch.optim.adamw import adamw
 
 from pilegpt.common import UserError, one_line
+from pilegpt.train.part_rates import with_part_rates
 
 # The quintic Newton-Schulz iteration X <- a X + b (X X^T) X + c (X X^T)^2 X of modded-nanogpt and nanochat, with
 # their coefficients: a steep slope at 0 (a = 3.4445) pulls small singular values up in few steps, at the price of
@@ -157,8 +158,10 @@ class Muon(torch.optim.Optimizer):
 
 def build_muon(model: nn.Module, cfg) -> Muon:
     """train.py's and plain_loop.py's Muon for `model` from a TrainConfig: Muon for model.hidden_matrices() at
-    muon_lr, AdamW (torch's fused kernel, on CPU too) for the rest at cfg.adamw_lr(), with the run's Muon options."""
-    return Muon(muon_groups(model, cfg.weight_decay, cfg.muon_lr, cfg.adamw_lr()), momentum=cfg.muon_momentum,
+    muon_lr, AdamW (torch's fused kernel, on CPU too) for the rest at cfg.adamw_lr() (embedding_lr and head_lr: the
+    parts' own groups, part_rates.py), with the run's Muon options."""
+    groups = with_part_rates(muon_groups(model, cfg.weight_decay, cfg.muon_lr, cfg.adamw_lr()), model, cfg)
+    return Muon(groups, momentum=cfg.muon_momentum,
                 betas=(cfg.beta1, cfg.beta2), momentum_warmup=cfg.muon_momentum_warmup,
                 cautious_wd=cfg.muon_cautious_wd, normuon=cfg.muon_normuon, polar_express=cfg.muon_polar_express)
 

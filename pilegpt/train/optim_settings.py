@@ -1,9 +1,10 @@
 """The run's optimizer settings on autoresume: Composer restores each parameter group's hyperparameters (lr,
 weight_decay, betas, Muon's momentum and its options) and the schedule's base learning rates from the checkpoint, so
-that a changed learning_rate, muon_lr, weight_decay, beta1, beta2, muon_momentum, muon_momentum_warmup,
-muon_cautious_wd, muon_normuon or muon_polar_express would be ignored in silence while config.json records the new
-value. Here the run's settings replace them; the optimizer's state (moments, momentum buffers, step counts) stays the
-checkpoint's. warmup, min_lr and max_duration need nothing: the schedule reads them each batch.
+that a changed learning_rate, muon_lr, embedding_lr, head_lr, weight_decay, beta1, beta2, muon_momentum,
+muon_momentum_warmup, muon_cautious_wd, muon_normuon or muon_polar_express would be ignored in silence while
+config.json records the new value. Here the run's settings replace them; the optimizer's state (moments, momentum
+buffers, step counts) stays the checkpoint's. warmup, min_lr and max_duration need nothing: the schedule reads them
+each batch.
 
     built = group_settings(optimizer)                     # before the Trainer loads a checkpoint into it
     changes = apply_group_settings(optimizer, scheduler, built)   # after: ["learning_rate=0.001 (was 0.003)", ...]
@@ -57,7 +58,8 @@ def setting_changes(group: dict, ours: dict) -> list[str]:
     changes = []
     peak = group.get("initial_lr", group.get("lr"))
     if peak != ours["lr"]:
-        changes.append(f"{'muon_lr' if ours.get('muon') else 'learning_rate'}={ours['lr']:g} (was {peak:g})")
+        setting = ours.get("part_rate") or ("muon_lr" if ours.get("muon") else "learning_rate")
+        changes.append(f"{setting}={ours['lr']:g} (was {peak:g})")
     for key, setting in SETTING_OF.items():
         old = group.get(key, BEFORE_THEM.get(key))
         if key in ours and old != ours[key] and (key not in MUON_ONLY or ours.get("muon")):

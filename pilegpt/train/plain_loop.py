@@ -17,6 +17,7 @@ from pilegpt.common import UserError
 from pilegpt.train.config import TrainConfig
 from pilegpt.train.loaders import build_dataloaders
 from pilegpt.train.muon import build_muon
+from pilegpt.train.part_rates import part_peak, with_part_rates
 from pilegpt.train.schedule import wsd_decay
 
 
@@ -41,6 +42,16 @@ def learning_rate(cfg: TrainConfig, it: int, max_batches: int, warmup: int) -> f
     return cfg.min_lr + (cfg.learning_rate - cfg.min_lr) * decay
 
 
+def group_lr(cfg: TrainConfig, group: dict, lr: float) -> float:
+    """A parameter group's rate where learning_rate's curve is at `lr`: Muon's scaled to peak at muon_lr, a part's
+    (part_rates.py) at its own rate, AdamW's others at adamw_lr()."""
+    if group.get("muon"):
+        return lr * cfg.muon_lr / cfg.learning_rate
+    if (peak := part_peak(cfg, group)) is not None:
+        return lr * peak / cfg.learning_rate
+    return lr * cfg.width_scale()
+
+
 def build_model(cfg: TrainConfig) -> GPT:
     """cfg's model with train.py's initial weights (its reproducibility.seed_all seeds torch the same way)."""
     torch.manual_seed(cfg.seed)
@@ -58,8 +69,8 @@ def train(cfg: TrainConfig, model: GPT | None = None) -> Iterator[tuple[int, int
     if cfg.optimizer == "muon":  # Muon for the blocks' 2-D weights, AdamW for embeddings, biases and LayerNorm gains
         optimizer = build_muon(model, cfg)
     else:  # weight decay on the 2-D weights only (matmuls, embeddings), not on biases and LayerNorm gains
-        optimizer = torch.optim.AdamW(model.optim_groups(cfg.weight_decay), lr=cfg.adamw_lr(),
-                                      betas=(cfg.beta1, cfg.beta2))
+        optimizer = torch.optim.AdamW(with_part_rates(model.optim_groups(cfg.weight_decay), model, cfg),
+                                      lr=cfg.adamw_lr(), betas=(cfg.beta1, cfg.beta2))
     # train.py's own loader: non-overlapping windows in the order its seeded sampler gives, epoch after epoch
     loader = build_dataloaders(cfg, 1, 0, pin_memory=False)[0].dataloader
     max_batches, warmup = batches(cfg.max_duration, "max_duration"), batches(cfg.warmup, "warmup")
@@ -71,9 +82,8 @@ def train(cfg: TrainConfig, model: GPT | None = None) -> Iterator[tuple[int, int
         x, y = batch["x"], batch["y"]  # (B, T) token ids; y is x shifted left by one token
         # Composer sets lr(0) at the start, then steps its scheduler after each batch before the batch count moves
         # on: batch `it` (from 0) trains at lr(it - 1), the first two at lr(0)
-        for group in optimizer.param_groups:  # the same curve for all, scaled to peak at muon_lr or adamw_lr()
-            lr = learning_rate(cfg, max(0, it - 1), max_batches, warmup)
-            group["lr"] = lr * cfg.muon_lr / cfg.learning_rate if group.get("muon") else lr * cfg.width_scale()
+        for group in optimizer.param_groups:  # the same curve for all, scaled to each group's peak
+            group["lr"] = group_lr(cfg, group, learning_rate(cfg, max(0, it - 1), max_batches, warmup))
         _, loss = model(x, targets=y)  # logits (B, T, vocab_size); loss: the mean cross-entropy of the B*T targets
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -21,7 +21,7 @@ from pilegpt.checkpoint import existing_checkpoints
 from pilegpt.common import UserError, atomic_write_text, check_writable_folder
 from pilegpt.s3 import S3Dir
 from pilegpt.train import cluster, data_record, lock
-from pilegpt.train.config import CUSTOM_MODEL_FIELDS, GPT_ONLY_FIELDS, SHAPE_FIELDS, TrainConfig, saved_form
+from pilegpt.train.config import CUSTOM_MODEL_FIELDS, GPT_ONLY_FIELDS, PART_RATES, SHAPE_FIELDS, TrainConfig, saved_form
 from pilegpt.train.loaders import refresh_mds_cache
 from pilegpt.train.resume import set_aside_broken_checkpoints
 
@@ -118,6 +118,11 @@ def check_same_model(cfg: TrainConfig, run_dir: str, save_folder: str) -> None:
     if (optimizer := recorded(saved, "optimizer")) != cfg.optimizer:
         raise UserError(f"autoresume: the checkpoints in {save_folder} are of optimizer {optimizer}; this run asks "
                         f"for {cfg.optimizer}: {fix}")
+    for k in PART_RATES:  # a part's own rate is a parameter group of its own in the checkpoints, or none
+        if bool(recorded(saved, k)) != bool(getattr(cfg, k)):
+            raise UserError(f"autoresume: the checkpoints in {save_folder} are of {k}={recorded(saved, k)!r}, this run "
+                            f"asks for {k}={getattr(cfg, k)!r}: a rate set or unset adds or drops an optimizer "
+                            f"group, so only a change between rates resumes; {fix}")
     # a key config.json lacks is a setting added since the run began (it ran with the default), or, in a run of
     # a model_class, one of the GPT's own, which shape nothing of it (used_settings leaves them out)
     names = [k for k in (*SHAPE_FIELDS, *CUSTOM_MODEL_FIELDS) if k in saved or not (saved.get("model_class") and

@@ -143,16 +143,18 @@ def test_changed_learning_rates_and_decay_on_autoresume_are_used_and_said(random
     # Composer restores every group's lr, weight decay and betas and the schedule's base lrs from the checkpoint: the
     # new values were ignored in silence while config.json recorded them (and the NaN stop's advice, "lower
     # --learning_rate, then --autoresume", did nothing)
-    args = [f"--data_dir={random_bin}", *ARGS, "--optimizer=muon", "--eval_interval=100ba", "--sample_length=0"]
-    new = ["--learning_rate=1e-3", "--muon_lr=0.01", "--weight_decay=0.0", "--beta2=0.99"]
+    args = [f"--data_dir={random_bin}", *ARGS, "--optimizer=muon", "--eval_interval=100ba", "--sample_length=0",
+            "--tie_embeddings=False", "--embedding_lr=0.01", "--head_lr=0.005"]  # the parts' own groups too
+    new = ["--learning_rate=1e-3", "--muon_lr=0.01", "--weight_decay=0.0", "--beta2=0.99", "--embedding_lr=0.02",
+           "--head_lr=0.004"]
     reference, run_dir = tmp_path / "reference", tmp_path / "run"
     train_output([*args, *new, f"--save_folder={reference}", "--max_duration=6ba"], capsys)
     train_output([*args, f"--save_folder={run_dir}", "--max_duration=3ba"], capsys)
     out = succeeded(run_train([*args, *new, f"--save_folder={run_dir}", "--max_duration=6ba", "--autoresume=True"],
                               tmp_path))
     assert ("autoresume: this run's muon_lr=0.01 (was 0.02), weight_decay=0 (was 0.1), beta2=0.99 (was 0.95), "
-            "learning_rate=0.001 (was 0.003) replace the checkpoint's from batch 3 on (the moments and momentum are "
-            "the checkpoint's)") in out.splitlines()
+            "learning_rate=0.001 (was 0.003), embedding_lr=0.02 (was 0.01), head_lr=0.004 (was 0.005) replace the "
+            "checkpoint's from batch 3 on (the moments and momentum are the checkpoint's)") in out.splitlines()
     lrs = {path: {r["batch"]: (r["lr"], r["muon_lr"]) for r in read_jsonl(path / "metrics.jsonl") if "lr" in r}
            for path in (reference, run_dir)}
     assert lrs[run_dir][3] == (3e-3, 0.02)  # the run's own schedule up to the checkpoint
@@ -160,11 +162,20 @@ def test_changed_learning_rates_and_decay_on_autoresume_are_used_and_said(random
         assert lrs[run_dir][batch] == pytest.approx(lrs[reference][batch], rel=1e-12)
     groups = checkpoint_state(run_dir / "ep0-ba6-rank0.pt")["optimizers"]["Muon"]["param_groups"]
     assert [(g["initial_lr"], g["weight_decay"], tuple(g["betas"])) for g in groups] == [
-        (0.01, 0.0, (0.9, 0.99)), (1e-3, 0.0, (0.9, 0.99)), (1e-3, 0.0, (0.9, 0.99))]
+        (0.01, 0.0, (0.9, 0.99)), (1e-3, 0.0, (0.9, 0.99)), (0.02, 0.0, (0.9, 0.99)), (0.004, 0.0, (0.9, 0.99))]
+    state = checkpoint_state(run_dir / "ep0-ba6-rank0.pt")["optimizers"]["Muon"]["state"]
+    # Muon's matrices, the gains (AdamW's 2-D group was all parts), wte and wpe, lm_head; the parts' moments travel
+    assert [len(g["params"]) for g in groups[2:]] == [2, 1]
+    assert all("exp_avg" in state[i] for g in groups[2:] for i in g["params"])
     recorded = json.loads((run_dir / "config.json").read_text())["config"]
     assert (recorded["learning_rate"], recorded["muon_lr"], recorded["weight_decay"]) == (1e-3, 0.01, 0.0)
     again = train_output([*args, *new, f"--save_folder={run_dir}", "--max_duration=9ba", "--autoresume=True"], capsys)
     assert "autoresume: this run's" not in again  # the run's settings now: nothing to replace
+    # a part's rate unset (or set) adds or drops a parameter group, which the checkpoint cannot load into: one line
+    error = main_error(train.main, [*args, *new, "--embedding_lr=0", f"--save_folder={run_dir}", "--max_duration=12ba",
+                                    "--autoresume=True"], capsys, alone=False)
+    assert error.startswith(f"error: autoresume: the checkpoints in {run_dir} are of embedding_lr=0.02, this run asks "
+                            "for embedding_lr=0.0: a rate set or unset adds or drops an optimizer group")
 
 
 @pytest.mark.s3
