@@ -19,8 +19,13 @@ CUSTOM_MODEL_FIELDS = ("model_class", "model_args")  # your own model instead of
 # settings that shape nothing of a model_class
 GPT_ONLY_FIELDS = ("n_layer", "n_head", "n_embd", "bias", *ARCH_FIELDS, "dropout", "zero_init_proj")
 PART_RATES = ("embedding_lr", "head_lr")  # AdamW's rates for parts of the GPT: pilegpt/train/part_rates.py
-MUON_SETTINGS = ("muon_lr", "muon_momentum", "muon_momentum_warmup", "muon_cautious_wd", "muon_normuon",
-                 "muon_polar_express")  # what optimizer="adamw" leaves unused
+# Muon's options, one entry each: the setting -> (Muon's constructor argument and group key, the value a checkpoint
+# from before that key ran with; None: the key is as old as Muon). build_muon, the autoresume check
+# (optim_settings.py) and the "unused with optimizer='adamw'" note all read this table.
+MUON_OPTIONS = {"muon_momentum": ("momentum", None), "muon_momentum_warmup": ("momentum_warmup", 0),
+                "muon_cautious_wd": ("cautious_wd", False), "muon_normuon": ("normuon", False),
+                "muon_polar_express": ("polar_express", False)}
+MUON_SETTINGS = ("muon_lr", *MUON_OPTIONS)  # what optimizer="adamw" leaves unused
 DATA_KEYS = ("data_dir", "data_remote", "data_mix")  # three ways to name the data: one per run
 
 

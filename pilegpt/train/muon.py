@@ -9,6 +9,7 @@ from torch import nn
 from torch.optim.adamw import adamw
 
 from pilegpt.common import UserError, one_line
+from pilegpt.train.config import MUON_OPTIONS
 from pilegpt.train.part_rates import with_part_rates
 
 # The quintic Newton-Schulz iteration X <- a X + b (X X^T) X + c (X X^T)^2 X of modded-nanogpt and nanochat, with
@@ -161,9 +162,8 @@ def build_muon(model: nn.Module, cfg) -> Muon:
     muon_lr, AdamW (torch's fused kernel, on CPU too) for the rest at cfg.adamw_lr() (embedding_lr and head_lr: the
     parts' own groups, part_rates.py), with the run's Muon options."""
     groups = with_part_rates(muon_groups(model, cfg.weight_decay, cfg.muon_lr, cfg.adamw_lr()), model, cfg)
-    return Muon(groups, momentum=cfg.muon_momentum,
-                betas=(cfg.beta1, cfg.beta2), momentum_warmup=cfg.muon_momentum_warmup,
-                cautious_wd=cfg.muon_cautious_wd, normuon=cfg.muon_normuon, polar_express=cfg.muon_polar_express)
+    return Muon(groups, betas=(cfg.beta1, cfg.beta2),
+                **{key: getattr(cfg, setting) for setting, (key, _) in MUON_OPTIONS.items()})
 
 
 def muon_groups(model: nn.Module, weight_decay: float, muon_lr: float, adamw_lr: float) -> list[dict]:

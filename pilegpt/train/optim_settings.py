@@ -17,13 +17,12 @@ from typing import Any
 import torch
 
 from pilegpt.common import UserError
+from pilegpt.train.config import MUON_OPTIONS
 
 # a group's key -> the setting that gives it (betas: beta1, beta2); other keys (eps, fused) are not settings
-SETTING_OF = {"weight_decay": "weight_decay", "momentum": "muon_momentum", "momentum_warmup": "muon_momentum_warmup",
-              "cautious_wd": "muon_cautious_wd", "normuon": "muon_normuon", "polar_express": "muon_polar_express"}
-MUON_ONLY = ("momentum", "momentum_warmup", "cautious_wd", "normuon", "polar_express")  # AdamW's groups: unused
-BEFORE_THEM = {"momentum_warmup": 0, "cautious_wd": False, "normuon": False,  # a checkpoint from before these keys
-               "polar_express": False}
+SETTING_OF = {"weight_decay": "weight_decay", **{key: setting for setting, (key, _) in MUON_OPTIONS.items()}}
+MUON_ONLY = tuple(key for key, _ in MUON_OPTIONS.values())  # AdamW's groups: unused
+BEFORE_THEM = {key: old for key, old in MUON_OPTIONS.values() if old is not None}  # a checkpoint from before a key
 
 
 def group_settings(optimizer: torch.optim.Optimizer) -> list[dict]:
