@@ -20,9 +20,10 @@ tie_embeddings = False
 logit_softcap = 0.0
 bias = False
 # Muon (pilegpt/train/muon.py) for the 2-D weights inside the blocks at muon_lr; AdamW keeps the size preset's
-# learning_rate for the embeddings, the head and the norms. The warmup and cosine schedule scale both alike. The
-# same rates at every width: on the size ladder, AdamW's scaled by (128 / n_embd) ** 0.5 (lr_base_width=128,
-# nanochat's rule) lost in both seeds at 192 and 256 wide (docs/performance.md#the-recipes-as-the-model-grows).
+# learning_rate for the norms and takes embedding_lr and head_lr (below) for the embedding and the head. The warmup
+# and cosine schedule scale every rate alike. The same rates at every width: on the size ladder, AdamW's scaled by
+# (128 / n_embd) ** 0.5 (lr_base_width=128, nanochat's rule) lost in both seeds at 192 and 256 wide
+# (docs/performance.md#the-recipes-as-the-model-grows).
 optimizer = "muon"
 muon_lr = 0.02
 muon_momentum = 0.95
@@ -30,3 +31,10 @@ muon_momentum = 0.95
 # at 4 x 128 and 6 x 256 in both seeds (-0.027 to -0.067); momentum warmup, zero-init projections, cautious weight
 # decay and x0 scalars did not pay at both sizes in both seeds (docs/performance.md#the-2026-options-on-the-ladder)
 muon_normuon = True
+# AdamW's own rates for the embedding table and the untied head, and its beta1 (nanochat gives its embedding and
+# unembedding rates of their own, and AdamW beta1 0.8): together they lowered the ladder's val loss by 0.23-0.24 at
+# 4 x 128 and 0.11-0.14 at 6 x 256, in both seeds (docs/performance.md#the-embeddings-and-the-heads-own-rates).
+# Like muon_lr, the same at every width; at 124M no run has measured them.
+embedding_lr = 0.05
+head_lr = 0.008
+beta1 = 0.8
