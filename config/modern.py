@@ -2,11 +2,12 @@
 #   python train.py config/quickstart.py config/modern.py
 #   composer -n 8 train.py config/pile.py config/modern.py
 # RoPE, RMSNorm, ReLU² MLP, QK-norm, an untied output head, no biases, and Muon (with NorMuon's per-neuron
-# normalisation) for the blocks' matrices (the choices of nanochat and modded-nanogpt). bench/bench_recipe.py chose
-# them: on the quickstart, without NorMuon, this preset reached GPT-2's final val loss in 0.31x its steps and 0.33x
-# its CPU time at 2 threads (docs/performance.md#recipes). A logit softcap bought nothing there and cost 25% per
-# step, so it is off; mlp = "swiglu" was within noise of ReLU². export_hf.py writes this model as a stock
-# Qwen3ForCausalLM (ReLU² as a gated ReLU MLP with gate = up: docs/huggingface.md).
+# normalisation) for the blocks' matrices, AdamW's own rates for the embedding and the head (the choices of nanochat
+# and modded-nanogpt). bench/bench_recipe.py and the size ladder chose them: on the quickstart this preset reaches
+# GPT-2's final val loss in 0.22x its steps and 0.25x its CPU time at 2 threads (docs/performance.md#recipes).
+# A logit softcap bought nothing there and cost 25% per step, so it is off; mlp = "swiglu" was within noise of
+# ReLU². export_hf.py writes this model as a stock Qwen3ForCausalLM (ReLU² as a gated ReLU MLP with gate = up:
+# docs/huggingface.md).
 import os
 
 # The run is named after this file (runs/modern, or $RUN_NAME), so that it never autoresumes the size preset's own
