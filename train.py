@@ -68,7 +68,7 @@ from pilegpt.train.callbacks import (
     build_loggers,
 )
 from pilegpt.train.cluster import World
-from pilegpt.train.config import TrainConfig, config_text, unused_gpt_settings, used_settings
+from pilegpt.train.config import PART_RATES, TrainConfig, config_text, unused_gpt_settings, used_settings
 from pilegpt.train.config_load import config_values, make_config
 from pilegpt.train.extensions import build_algorithms, build_callbacks
 from pilegpt.train.loaders import (
@@ -332,7 +332,8 @@ def use_run_settings(trainer: Trainer, optimization: Optimization, world: World)
     state = trainer.state
     changes = apply_group_settings(state.optimizers[0], state.schedulers[0], optimization.settings)
     if changes and world.rank == 0:
-        print(f"autoresume: this run's {', '.join(changes)} replace the checkpoint's from batch "
+        print(f"autoresume: this run's {', '.join(changes)} replace{'s' if len(changes) == 1 else ''} the "
+              f"checkpoint's from batch "
               f"{int(state.timestamp.batch)} on (the moments and momentum are the checkpoint's)", flush=True)
 
 
@@ -423,9 +424,11 @@ def build_outputs(cfg: TrainConfig, model: ComposerGPT, folder: RunFolder, devic
 def divergence_causes(cfg: TrainConfig) -> str:
     """What the NaN stop's line tells the user to change: the learning rates in use (Muon's too), the warmup, and
     the gradient clipping when it is off."""
-    muon = f" or --muon_lr (now {cfg.muon_lr:g})," if cfg.optimizer == "muon" else ""
+    rates = [("learning_rate", cfg.learning_rate), *([("muon_lr", cfg.muon_lr)] if cfg.optimizer == "muon" else []),
+             *[(k, getattr(cfg, k)) for k in PART_RATES if getattr(cfg, k)]]
     clip = "" if cfg.grad_clip else " (gradient clipping is off: e.g. --grad_clip=1.0)"
-    return f"lower --learning_rate (now {cfg.learning_rate:g}){muon} or raise --warmup{clip}"
+    lower = " or ".join(f"--{k} (now {v:g})" for k, v in rates) + ("," if len(rates) > 1 else "")
+    return f"lower {lower} or raise --warmup{clip}"
 
 
 def fit_and_report(trainer: Trainer, out: Outputs, cfg: TrainConfig, folder: RunFolder, world: World, device: str,

@@ -18,6 +18,7 @@ SHAPE_FIELDS = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "bias
 CUSTOM_MODEL_FIELDS = ("model_class", "model_args")  # your own model instead of the GPT (model_contract.py)
 # settings that shape nothing of a model_class
 GPT_ONLY_FIELDS = ("n_layer", "n_head", "n_embd", "bias", *ARCH_FIELDS, "dropout", "zero_init_proj")
+MAX_LR = 1e6  # the largest learning rate of any kind a run accepts
 PART_RATES = ("embedding_lr", "head_lr")  # AdamW's rates for parts of the GPT: pilegpt/train/part_rates.py
 # Muon's options, one entry each: the setting -> (Muon's constructor argument and group key, the value a checkpoint
 # from before that key ran with; None: the key is as old as Muon). build_muon, the autoresume check
@@ -246,6 +247,10 @@ class TrainConfig:
             errors.append(f"optimizer must be 'adamw' or 'muon', got {self.optimizer!r}")
         if not 0 < self.muon_lr:
             errors.append(f"muon_lr must be > 0, got {self.muon_lr}")
+        # the optimizers step in float32, where lr / (1 - beta1) past 3.4e38 is a traceback, not a divergence
+        errors += [f"{k} must be at most {MAX_LR:g} (a learning rate; AdamW's are ~1e-3, Muon's ~0.02), got "
+                   f"{getattr(self, k):g}" for k in ("learning_rate", "muon_lr", *PART_RATES)
+                   if getattr(self, k) > MAX_LR]
         errors += self._check_part_rates()
         if self.lr_base_width < 0:
             errors.append(f"lr_base_width must be >= 0 (0 = off; else the width learning_rate is stated for, e.g. "
@@ -265,15 +270,16 @@ class TrainConfig:
 
     def _check_part_rates(self) -> list[str]:
         """embedding_lr and head_lr: 0 (learning_rate's) or a rate; each names a part of model.py's GPT."""
-        errors = [f"{k} must be >= 0 (0 = learning_rate's), got {getattr(self, k)}" for k in PART_RATES
-                  if getattr(self, k) < 0]
+        if any(getattr(self, k) < 0 for k in PART_RATES):
+            return [f"{k} must be >= 0 (0 = learning_rate's), got {getattr(self, k)}" for k in PART_RATES
+                    if getattr(self, k) < 0]
+        if self.model_class:
+            return [f"{k}={getattr(self, k):g} is the rate of a part of model.py's GPT, which model_class="
+                    f"{self.model_class} does not have: set {k}=0" for k in PART_RATES if getattr(self, k)]
         if self.head_lr and self.tie_embeddings:
-            errors.append(f"head_lr={self.head_lr:g} is for an untied output head, but tie_embeddings=True makes the "
-                          "head the token embedding (embedding_lr's): set tie_embeddings=False or head_lr=0")
-        errors += [f"{k}={getattr(self, k):g} is the rate of a part of model.py's GPT, which model_class="
-                   f"{self.model_class} does not have: set {k}=0" for k in PART_RATES
-                   if getattr(self, k) and self.model_class]
-        return errors
+            return [f"head_lr={self.head_lr:g} is for an untied output head, but tie_embeddings=True makes the head "
+                    "the token embedding (embedding_lr's): set tie_embeddings=False or head_lr=0"]
+        return []
 
     def _check_schedule(self) -> list[str]:
         """The schedule's kind, and the four Composer time strings, a warmup in max_duration's unit."""

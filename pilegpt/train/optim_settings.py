@@ -36,9 +36,18 @@ def apply_group_settings(optimizer: torch.optim.Optimizer, scheduler: Any, built
     initial_lr, and its lr now = peak x the schedule's factor now). Nothing is touched when none changed, so a resume
     with the run's settings continues bit for bit. Returns the changed settings, one "setting=new (was old)" each."""
     groups = optimizer.param_groups
+    fix = "resume with the run's settings or start a new run with another --run_name"
     if len(groups) != len(built):
         raise UserError(f"autoresume: the checkpoint's optimizer has {len(groups)} parameter groups, this run's "
-                        f"{len(built)}: resume with the run's settings or start a new run with another --run_name")
+                        f"{len(built)}: {fix}")
+    # torch's distributed state dict loads a checkpoint's groups by their parameters' names, into groups of another
+    # layout too (embedding_lr or head_lr set or unset where no config.json told): a group that got none of the
+    # checkpoint's settings, or a part's group that is not this run's, means the layouts differ
+    theirs = [group.get("part_rate") if "initial_lr" in group or "lr" in group else "?" for group in groups]
+    if theirs != (ours := [group.get("part_rate") for group in built]):
+        raise UserError(f"autoresume: the checkpoint's optimizer has its own groups for {layout(theirs)}, this run's "
+                        f"for {layout(ours)} (a part's rate, embedding_lr or head_lr, set or unset adds or drops "
+                        f"a group): {fix}")
     differs = [any(group.get("initial_lr" if k == "lr" else k, BEFORE_THEM.get(k)) != v for k, v in ours.items()
                    if k != "betas")
                or tuple(group.get("betas", ())) != tuple(ours.get("betas", ())) for group, ours in zip(groups, built)]
@@ -50,6 +59,13 @@ def apply_group_settings(optimizer: torch.optim.Optimizer, scheduler: Any, built
         group["initial_lr"] = scheduler.base_lrs[i] = ours["lr"]
         group["lr"] = ours["lr"] * scheduler.lr_lambdas[i](scheduler.last_epoch)  # what LambdaLR.step computes
     return list(dict.fromkeys(changes))  # AdamW's two groups share learning_rate
+
+
+def layout(part_rates: list) -> str:
+    """The parts with groups of their own, from each group's part_rate ("?": a group the checkpoint has no settings
+    for), as words."""
+    named = list(dict.fromkeys(name for name in part_rates if name and name != "?"))
+    return (" and ".join(named) or "no part") + (" (and groups it has no settings for)" if "?" in part_rates else "")
 
 
 def setting_changes(group: dict, ours: dict) -> list[str]:

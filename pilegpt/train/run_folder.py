@@ -118,20 +118,20 @@ def check_same_model(cfg: TrainConfig, run_dir: str, save_folder: str) -> None:
     if (optimizer := recorded(saved, "optimizer")) != cfg.optimizer:
         raise UserError(f"autoresume: the checkpoints in {save_folder} are of optimizer {optimizer}; this run asks "
                         f"for {cfg.optimizer}: {fix}")
-    for k in PART_RATES:  # a part's own rate is a parameter group of its own in the checkpoints, or none
-        if bool(recorded(saved, k)) != bool(getattr(cfg, k)):
-            raise UserError(f"autoresume: the checkpoints in {save_folder} are of {k}={recorded(saved, k)!r}, this run "
-                            f"asks for {k}={getattr(cfg, k)!r}: a rate set or unset adds or drops an optimizer "
-                            f"group, so only a change between rates resumes; {fix}")
     # a key config.json lacks is a setting added since the run began (it ran with the default), or, in a run of
     # a model_class, one of the GPT's own, which shape nothing of it (used_settings leaves them out)
     names = [k for k in (*SHAPE_FIELDS, *CUSTOM_MODEL_FIELDS) if k in saved or not (saved.get("model_class") and
                                                                                    k in GPT_ONLY_FIELDS)]
     changed = [f"{k}={getattr(cfg, k)!r} (the run has {recorded(saved, k)!r})" for k in names
                if saved_form(recorded(saved, k)) != saved_form(getattr(cfg, k))]  # (64,) went in as [64]
-    if changed:
-        raise UserError(f"autoresume: the checkpoints in {save_folder} are of another model: {', '.join(changed)}; "
-                        f"{fix}")
+    # a part's own rate is a parameter group of its own in the checkpoints, or none: set or unset, it cannot load
+    toggled = [f"{k}={getattr(cfg, k)!r} (the run has {recorded(saved, k)!r})" for k in PART_RATES
+               if bool(recorded(saved, k)) != bool(getattr(cfg, k))]
+    problems = [f"are of another model: {', '.join(changed)}"] if changed else []
+    problems += [f"have another optimizer layout: {', '.join(toggled)} (a part's rate set or unset adds or drops a "
+                 "parameter group; only a change between rates resumes)"] if toggled else []
+    if problems:
+        raise UserError(f"autoresume: the checkpoints in {save_folder} {'; and '.join(problems)}; {fix}")
 
 
 def recorded(saved: dict, name: str) -> object:

@@ -174,8 +174,17 @@ def test_changed_learning_rates_and_decay_on_autoresume_are_used_and_said(random
     # a part's rate unset (or set) adds or drops a parameter group, which the checkpoint cannot load into: one line
     error = main_error(train.main, [*args, *new, "--embedding_lr=0", f"--save_folder={run_dir}", "--max_duration=12ba",
                                     "--autoresume=True"], capsys, alone=False)
-    assert error.startswith(f"error: autoresume: the checkpoints in {run_dir} are of embedding_lr=0.02, this run asks "
-                            "for embedding_lr=0.0: a rate set or unset adds or drops an optimizer group")
+    assert error.startswith(f"error: autoresume: the checkpoints in {run_dir} have another optimizer layout: "
+                            "embedding_lr=0.0 (the run has 0.02) (a part's rate set or unset adds or drops a "
+                            "parameter group")
+    # without config.json (an s3:// run resumed elsewhere), the checkpoint's own groups tell: torch loads them by
+    # their parameters' names into this run's layout, and the check after the load refuses it in one line
+    (run_dir / "config.json").unlink()
+    error = main_error(train.main, [*args, *new, "--embedding_lr=0", f"--save_folder={run_dir}", "--max_duration=12ba",
+                                    "--autoresume=True"], capsys, alone=False)
+    assert error == ("error: autoresume: the checkpoint's optimizer has its own groups for embedding_lr and head_lr, "
+                     "this run's for head_lr (a part's rate, embedding_lr or head_lr, set or unset adds or drops a "
+                     "group): resume with the run's settings or start a new run with another --run_name")
 
 
 @pytest.mark.s3

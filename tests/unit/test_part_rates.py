@@ -90,6 +90,46 @@ def test_the_plain_loop_schedules_each_part_from_its_own_peak(monkeypatch):
     assert [round(lrs[0] / 1e-3, 6) for lrs in seen] == [0.0, 0.0, 0.5, 1.0]  # warmup: batch i trains at lr(i - 1)
 
 
+def test_a_checkpoint_of_another_group_layout_is_one_line_after_the_load():
+    """Without config.json nothing before the load knows the run's rates; torch's distributed state dict then loads
+    the checkpoint's groups by parameter names into this run's layout: a group with another part's label, or one
+    left without settings, is refused in one line (it crashed in a format string, or resumed with a wrong rate)."""
+    from pilegpt.common import UserError
+    from pilegpt.train.optim_settings import apply_group_settings, group_settings
+
+    cfg = config(tie_embeddings=False)  # this run: no part's rate; its checkpoint had head_lr's group
+    model = GPT(cfg.model_config())
+    optimizer = torch.optim.AdamW(with_part_rates(model.optim_groups(0.1), model, cfg), lr=6e-4)
+    built = group_settings(optimizer)
+    restored = [dict(g) for g in optimizer.param_groups]
+    optimizer.param_groups[:] = [restored[0] | {"part_rate": "head_lr"}, restored[1]]  # as the load left them
+    with pytest.raises(UserError) as e:
+        apply_group_settings(optimizer, None, built)
+    assert str(e.value) == ("autoresume: the checkpoint's optimizer has its own groups for head_lr, this run's for no "
+                            "part (a part's rate, embedding_lr or head_lr, set or unset adds or drops a group): resume "
+                            "with the run's settings or start a new run with another --run_name")
+    optimizer.param_groups[:] = [restored[0], {"params": restored[1]["params"]}]  # a group the load gave nothing
+    with pytest.raises(UserError, match="own groups for no part \\(and groups it has no settings for\\), this run's "
+                                        "for no part"):
+        apply_group_settings(optimizer, None, built)
+
+
+def test_an_autoresume_names_a_changed_shape_and_a_part_rate_set_or_unset_in_one_line(tmp_path):
+    from pilegpt.common import UserError
+    from pilegpt.train.config import used_settings
+    from pilegpt.train.run_folder import check_same_model
+
+    run = config(tie_embeddings=False, head_lr=0.005)
+    (tmp_path / "config.json").write_text(__import__("json").dumps({"config": used_settings(run)}))
+    with pytest.raises(UserError) as e:
+        check_same_model(config(embedding_lr=0.01), str(tmp_path), str(tmp_path))
+    assert str(e.value).startswith(
+        f"autoresume: the checkpoints in {tmp_path} are of another model: tie_embeddings=True (the run has False); "
+        "and have another optimizer layout: embedding_lr=0.01 (the run has 0.0), head_lr=0.0 (the run has 0.005) (a "
+        "part's rate set or unset adds or drops a parameter group; only a change between rates resumes); resume with")
+    check_same_model(config(tie_embeddings=False, head_lr=0.02), str(tmp_path), str(tmp_path))  # a new rate: fine
+
+
 @pytest.mark.parametrize("settings, message", [
     (dict(embedding_lr=-0.1), "embedding_lr must be >= 0 (0 = learning_rate's), got -0.1"),
     (dict(head_lr=0.01), "head_lr=0.01 is for an untied output head, but tie_embeddings=True makes the head the "
@@ -98,8 +138,23 @@ def test_the_plain_loop_schedules_each_part_from_its_own_peak(monkeypatch):
                                                            "GPT, which model_class=pkg.mod:Model does not have"),
     (dict(head_lr=float("nan"), tie_embeddings=False), "head_lr must be a finite number, got nan"),
     (dict(embedding_lr=float("inf")), "embedding_lr must be a finite number, got inf"),
+    (dict(embedding_lr=1e300), "embedding_lr must be at most 1e+06 (a learning rate; AdamW's are ~1e-3, Muon's "
+                               "~0.02), got 1e+300"),
+    (dict(learning_rate=1e300), "learning_rate must be at most 1e+06"),  # float32's overflow, not a divergence
+    (dict(muon_lr=1e7, optimizer="muon"), "muon_lr must be at most 1e+06"),
 ])
 def test_a_bad_part_rate_is_one_config_error(settings, message):
     with pytest.raises(ValueError) as e:
         config(**settings)
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("settings, message", [  # the one reason that applies, not every rule it also breaks
+    (dict(head_lr=-1.0), "head_lr must be >= 0 (0 = learning_rate's), got -1.0"),
+    (dict(head_lr=0.01, model_class="pkg.mod:Model"), "head_lr=0.01 is the rate of a part of model.py's GPT, which "
+                                                      "model_class=pkg.mod:Model does not have: set head_lr=0"),
+])
+def test_a_part_rate_gets_the_one_reason_that_applies(settings, message):
+    with pytest.raises(ValueError) as e:
+        config(**settings)
+    assert str(e.value) == message
