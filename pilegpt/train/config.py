@@ -446,8 +446,13 @@ def unused_gpt_settings(cfg: TrainConfig) -> list[str]:
 
 def non_defaults(cfg: TrainConfig, names: tuple[str, ...]) -> list[str]:
     """Those of `names` that cfg sets to other than their defaults, as "name=value"."""
-    defaults = TrainConfig.__dataclass_fields__
-    return [f"{k}={getattr(cfg, k)!r}" for k in names if getattr(cfg, k) != defaults[k].default]
+    return [f"{k}={getattr(cfg, k)!r}" for k in names if getattr(cfg, k) != setting_default(k)]
+
+
+def setting_default(name: str) -> Any:
+    """A TrainConfig setting's default (a default_factory's value made anew)."""
+    field = TrainConfig.__dataclass_fields__[name]
+    return field.default if field.default is not dataclasses.MISSING else field.default_factory()
 
 
 def config_text(cfg: TrainConfig) -> str:

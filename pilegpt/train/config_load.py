@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Sequence, Union
 
 from pilegpt.common import UserError
-from pilegpt.train.config import ARCH_FIELDS, DATA_KEYS, TrainConfig
+from pilegpt.train.config import ARCH_FIELDS, DATA_KEYS, TrainConfig, setting_default
 
 
 def field_types() -> dict[str, Any]:
@@ -205,7 +205,7 @@ def usage(intro: str = "") -> str:
     comments, types_ = field_comments(), field_types()
     lines = [intro, "", "Settings (--key=value; default, meaning):"] if intro else ["Settings:"]
     for f in dataclasses.fields(TrainConfig):
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        default = setting_default(f.name)
         lines.append(f"  {f.name} = {default!r}  ({_type_name(types_[f.name])}) {comments.get(f.name, '')}")
     return "\n".join(lines)
 

@@ -193,10 +193,9 @@ def read_run(src: str) -> tuple[dict, Metrics, dict[str, dict], dict[str, str]]:
 
 
 def changed_settings(config: dict) -> list[tuple[str, object, object]]:
-    from pilegpt.train.config import TrainConfig
+    from pilegpt.train.config import TrainConfig, setting_default
 
-    defaults = {f.name: (f.default if f.default is not dataclasses.MISSING else f.default_factory())
-                for f in dataclasses.fields(TrainConfig)}
+    defaults = {f.name: setting_default(f.name) for f in dataclasses.fields(TrainConfig)}
     return [(k, v, defaults[k]) for k, v in config.items() if k in defaults and v != defaults[k]]
 
 

@@ -21,7 +21,15 @@ from pilegpt.checkpoint import existing_checkpoints
 from pilegpt.common import UserError, atomic_write_text, check_writable_folder
 from pilegpt.s3 import S3Dir
 from pilegpt.train import cluster, data_record, lock
-from pilegpt.train.config import CUSTOM_MODEL_FIELDS, GPT_ONLY_FIELDS, PART_RATES, SHAPE_FIELDS, TrainConfig, saved_form
+from pilegpt.train.config import (
+    CUSTOM_MODEL_FIELDS,
+    GPT_ONLY_FIELDS,
+    PART_RATES,
+    SHAPE_FIELDS,
+    TrainConfig,
+    saved_form,
+    setting_default,
+)
 from pilegpt.train.loaders import refresh_mds_cache
 from pilegpt.train.resume import set_aside_broken_checkpoints
 
@@ -136,10 +144,7 @@ def check_same_model(cfg: TrainConfig, run_dir: str, save_folder: str) -> None:
 
 def recorded(saved: dict, name: str) -> object:
     """A setting as a run's config.json records it; one it lacks (added to TrainConfig since) as its default."""
-    if name in saved:
-        return saved[name]
-    field = TrainConfig.__dataclass_fields__[name]
-    return field.default_factory() if field.default is dataclasses.MISSING else field.default
+    return saved[name] if name in saved else setting_default(name)
 
 
 def saved_config(path: str) -> dict:
