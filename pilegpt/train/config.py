@@ -13,7 +13,7 @@ from pilegpt.common import UserError
 
 # GPTConfig's fields, but dropout: a run's checkpoints hold this model
 ARCH_FIELDS = ("pos_emb", "rope_theta", "norm", "mlp", "n_kv_head", "qk_norm", "tie_embeddings", "logit_softcap",
-               "x0_scalars", "value_embeds")
+               "x0_scalars", "value_embeds", "attn_window")
 SHAPE_FIELDS = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "bias", *ARCH_FIELDS)
 CUSTOM_MODEL_FIELDS = ("model_class", "model_args")  # your own model instead of the GPT (model_contract.py)
 # settings that shape nothing of a model_class
@@ -50,6 +50,7 @@ class TrainConfig:
     logit_softcap: float = 0.0  # logits = softcap * tanh(logits / softcap); 0 = off
     x0_scalars: bool = False  # learned per-block scalars: x = resid_lambdas[i] * x + x0_lambdas[i] * x0 (embeddings)
     value_embeds: bool = False  # gated token tables added to v on every other block, the last too (nanochat)
+    attn_window: int = 0  # > 0: 3 blocks in 4 attend to the last attn_window tokens only, the last block to all
     zero_init_proj: bool = False  # from scratch: the blocks' output projections start at 0 (nanochat, modded-nanogpt)
     init_from: str = "scratch"  # weights: scratch, gpt2(-medium/-large/-xl), a HF GPT-2 folder, a pile-gpt checkpoint
     model_class: str = ""  # your own nn.Module, "package.module:Class" (docs/extending.md); "" = model.py's GPT
@@ -162,6 +163,10 @@ class TrainConfig:
             self.model_config()
         except ValueError as e:
             errors.append(str(e).replace("GPTConfig.", ""))
+        else:
+            if self.attn_window >= self.block_size:  # every window would hold the whole context: no window at all
+                errors.append(f"attn_window ({self.attn_window}) must be below block_size ({self.block_size}), e.g. "
+                              f"{self.block_size // 2}; 0 lets every layer see the whole context")
         if self.global_batch_size < 1:
             errors.append(f"global_batch_size must be >= 1, got {self.global_batch_size}")
         return errors + self._check_model_class()

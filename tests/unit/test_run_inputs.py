@@ -14,7 +14,7 @@ from helpers import HELLASWAG_TINY, main_error
 from pilegpt import hellaswag, storage
 from pilegpt.common import UserError
 from pilegpt.train import report as run_report
-from pilegpt.train.config import TrainConfig, used_settings
+from pilegpt.train.config import TrainConfig, setting_default, used_settings
 from pilegpt.train.run_folder import check_same_model
 
 
@@ -114,19 +114,19 @@ def older_run(folder, cfg: TrainConfig, drop: tuple[str, ...]) -> str:
     return str(folder)
 
 
-@pytest.mark.parametrize("setting", ["value_embeds", "x0_scalars", "optimizer"])
+@pytest.mark.parametrize("setting", ["value_embeds", "x0_scalars", "attn_window", "optimizer"])
 def test_a_setting_newer_than_the_run_is_read_as_its_default_on_autoresume(tmp_path, setting):
     """A run begun before a setting existed ran with its default: resumed with it changed, the refusal is one line
     (not a failure later, when the checkpoint's weights do not fit); resumed with the default, nothing is said."""
     cfg = TrainConfig(data_dir="d", run_name="r")
     run_dir = older_run(tmp_path / "run", cfg, drop=(setting,))
     check_same_model(cfg, run_dir, run_dir)  # the default: the same model
-    changed = dataclasses.replace(cfg, optimizer="muon") if setting == "optimizer" else \
-        dataclasses.replace(cfg, **{setting: True})
+    new = {"optimizer": "muon", "attn_window": 512}.get(setting, True)
+    changed = dataclasses.replace(cfg, **{setting: new})
     with pytest.raises(UserError) as e:
         check_same_model(changed, run_dir, run_dir)
     said = "of optimizer adamw; this run asks for muon" if setting == "optimizer" else \
-        f"are of another model: {setting}=True (the run has False)"
+        f"are of another model: {setting}={new} (the run has {setting_default(setting)})"
     assert said in str(e.value) and "\n" not in str(e.value)
 
 
