@@ -48,7 +48,7 @@ class GPTConfig:
     logit_softcap: float = 0.0  # logits = softcap * tanh(logits / softcap); 0 = off
     x0_scalars: bool = False  # before block i: x = resid_lambdas[i] * x + x0_lambdas[i] * x0 (learned, from 1 and 0)
     value_embeds: bool = False  # alternating layers (the last too) add a gated token embedding of their own to v
-    attn_window: int = 0  # > 0: 3 layers in 4 attend to the last attn_window tokens only (the last layer sees all)
+    attn_window: int = 0  # > 0: blocks attend to the last attn_window tokens, but every 4th and the last (all of them)
 
     def __post_init__(self):
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
@@ -115,9 +115,9 @@ def has_value_embed(layer: int, n_layer: int) -> bool:
 
 
 def has_short_window(layer: int, config: GPTConfig) -> bool:
-    """attn_window: whether block `layer` attends to a short window. Three blocks in four do: nanochat's pattern
-    "SSSL" laid over the blocks so that the last one, counted back, is long (sees the whole context)."""
-    return config.attn_window > 0 and (config.n_layer - 1 - layer) % 4 != 0
+    """attn_window: whether block `layer` attends to a short window. nanochat's pattern "SSSL" (short, short, short,
+    long) repeated from the first block, the last block always long: it sees the whole context."""
+    return config.attn_window > 0 and layer % 4 != 3 and layer != config.n_layer - 1
 
 
 def window_mask(length: int, window: int, device: torch.device) -> torch.Tensor:

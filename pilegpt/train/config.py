@@ -50,7 +50,7 @@ class TrainConfig:
     logit_softcap: float = 0.0  # logits = softcap * tanh(logits / softcap); 0 = off
     x0_scalars: bool = False  # learned per-block scalars: x = resid_lambdas[i] * x + x0_lambdas[i] * x0 (embeddings)
     value_embeds: bool = False  # gated token tables added to v on every other block, the last too (nanochat)
-    attn_window: int = 0  # > 0: 3 blocks in 4 attend to the last attn_window tokens only, the last block to all
+    attn_window: int = 0  # > 0: blocks see the last attn_window tokens only, but every 4th and the last see all
     zero_init_proj: bool = False  # from scratch: the blocks' output projections start at 0 (nanochat, modded-nanogpt)
     init_from: str = "scratch"  # weights: scratch, gpt2(-medium/-large/-xl), a HF GPT-2 folder, a pile-gpt checkpoint
     model_class: str = ""  # your own nn.Module, "package.module:Class" (docs/extending.md); "" = model.py's GPT

@@ -320,14 +320,15 @@ def test_value_embeds_add_a_gated_token_table_to_v():
                                torch.zeros(4, 32), rtol=0, atol=0)  # every gate starts at 2 sigmoid(0) = 1
 
 
-def test_attn_window_makes_three_blocks_in_four_short_the_last_one_long():
+def test_attn_window_makes_three_blocks_in_four_short_and_the_last_one_long():
     from model import has_short_window
 
     def short(n_layer):
         config = GPTConfig(**{**TINY, "n_layer": n_layer, "attn_window": 4})
         return [i for i in range(n_layer) if has_short_window(i, config)]
 
-    assert short(4) == [0, 1, 2] and short(6) == [0, 2, 3, 4] and short(8) == [0, 1, 2, 4, 5, 6] and short(1) == []
+    assert short(4) == [0, 1, 2] and short(6) == [0, 1, 2, 4] and short(8) == [0, 1, 2, 4, 5, 6] and short(1) == []
+    assert short(12) == [0, 1, 2, 4, 5, 6, 8, 9, 10] and short(5) == [0, 1, 2]  # "SSSL" x 3; "SSSLS", the last long
     assert not any(has_short_window(i, GPTConfig(**{**TINY, "n_layer": 4})) for i in range(4))  # 0: off
 
 
