@@ -211,8 +211,8 @@ class CausalSelfAttention(nn.Module):
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         # (B, T, nh, hs) -> (B, nh, T, hs): heads become a batch dimension
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        # Causal mask inside the kernel: flash / memory-efficient attention on GPU, no (T, T) mask tensor; a short
-        # window's (T, T) mask instead takes the memory-efficient kernel (flash attention takes no mask).
+        # Causal mask inside the kernel: flash / memory-efficient attention on GPU, no (T, T) mask tensor. A short
+        # window's (T, T) mask rules flash attention out (it takes no mask): another kernel computes every score.
         # enable_gqa: key/value head j serves query heads j*g .. j*g+g-1 (g = n_head / n_kv_head).
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
                                            is_causal=mask is None, enable_gqa=self.n_kv_head != self.n_head)
