@@ -156,6 +156,8 @@ def make_config(values: dict[str, Any], source=None) -> TrainConfig:
             raise UserError(f"the config contradicts init_from={values.get('init_from')}: {'; '.join(errors)}: drop "
                             "these settings (the model's shape comes from init_from)")
         values = {**values, **{k: getattr(source, k) for k in MODEL_SHAPE}, "block_size": block_size}
+        if values["attn_window"] >= block_size:  # cropped to a window or less: the short blocks see all of it
+            values["attn_window"] = 0
     try:
         return TrainConfig(**values)
     except ValueError as e:

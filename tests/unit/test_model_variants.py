@@ -239,6 +239,9 @@ def test_init_from_fixes_the_architecture_and_n_kv_head_none_equals_n_head():
     assert cfg.model_config().pos_emb == "rope" and cfg.mlp == "swiglu"  # the rest comes from the source
     with pytest.raises(UserError, match=r"the config contradicts init_from=src: mlp='relu2' but it has mlp='swiglu'"):
         make_config(dict(data_dir="d", init_from="src", mlp="relu2"), source=source)
+    windowed = GPTConfig(**TINY, **LLAMA, attn_window=8)  # its window kept; cropped to 8 tokens, no window at all
+    assert make_config(dict(data_dir="d", init_from="src", block_size=12), source=windowed).attn_window == 8
+    assert make_config(dict(data_dir="d", init_from="src", block_size=8), source=windowed).attn_window == 0
 
 
 def test_zero_init_proj_zeroes_only_the_output_projections_and_needs_a_new_model():
