@@ -4,7 +4,7 @@
 # RoPE, RMSNorm, ReLU² MLP, QK-norm, an untied output head, no biases, and Muon (with NorMuon's per-neuron
 # normalisation) for the blocks' matrices, AdamW's own rates for the embedding and the head (the choices of nanochat
 # and modded-nanogpt). bench/bench_recipe.py and the size ladder chose them: on the quickstart this preset reaches
-# GPT-2's final val loss in 0.22x its steps and 0.25x its CPU time at 2 threads (docs/performance.md#recipes).
+# GPT-2's final val loss in 0.21x its steps and 0.23x its CPU time at 2 threads (docs/performance.md#recipes).
 # A logit softcap bought nothing there and cost 25% per step, so it is off; mlp = "swiglu" was within noise of
 # ReLU². export_hf.py writes this model as a stock Qwen3ForCausalLM (ReLU² as a gated ReLU MLP with gate = up:
 # docs/huggingface.md).
@@ -25,7 +25,8 @@ bias = False
 # and cosine schedule scale every rate alike. The same rates at every width: on the size ladder, AdamW's scaled by
 # (128 / n_embd) ** 0.5 (lr_base_width=128, nanochat's rule) lost in both seeds at 192 and 256 wide
 # (docs/performance.md#the-recipes-as-the-model-grows). Muon's 0.01: of 0.01, 0.02 and 0.04 on this preset, 0.01 ended
-# lowest at 4 x 128 and 6 x 256 in both seeds (docs/performance.md#muons-rate-on-todays-preset).
+# lowest at 4 x 128 and 6 x 256 in both seeds; 0.005, run at 4 x 128 only, was lower still there (not settled:
+# docs/performance.md#muons-rate-on-todays-preset).
 optimizer = "muon"
 muon_lr = 0.01
 muon_momentum = 0.95
