@@ -25,31 +25,41 @@ from pilegpt.data import (
     SPLITS,
     TO_MDS_META,
     Meta,
+    aligned_block,
     check_token_range,
     ids_outside,
     listed_shards,
     nanogpt_meta,
+    num_aligned_rows,
     num_windows,
+    pack_rows,
     read_windows,
     validation_hash,
 )
+from pilegpt.tokenizer import EOT_ID
 from pilegpt.train.mix import check_epoch, component_name, realised_shares, sample_counts
 
 
 class BinDataset:
-    """The windows of a .bin file as a map-style dataset: item i = {"x": (T,), "y": (T,)} LongTensors.
+    """The windows of a .bin file as a map-style dataset: item i = {"x": (T,), "y": (T,)} LongTensors. With
+    doc_aligned, item i is row i of data.pack_rows instead (rows of T+1 tokens packed from the documents of their
+    block of the .bin, each read and packed as it is asked for: nothing is indexed ahead).
 
     state_dict/load_state_dict let Composer resume mid-epoch without re-reading the data (resumable_sampler).
     """
 
     def __init__(self, path: str, block_size: int, dtype: str = "uint16", num_tokens: Optional[int] = None,
-                 vocab_size: Optional[int] = None):
+                 vocab_size: Optional[int] = None, doc_aligned: bool = False, eot_token: int = EOT_ID):
         self.path, self.block_size, self.dtype, self.vocab_size = path, block_size, np.dtype(dtype), vocab_size
         self.num_tokens = os.path.getsize(path) // self.dtype.itemsize if num_tokens is None else num_tokens
+        self.doc_aligned, self.eot_token = doc_aligned, eot_token
         self.tokens = None  # opened lazily, once per DataLoader worker
+        self.packed = (-1, None)  # (first token, rows) of the block packed last: its other rows are asked for next
         self.resume_samples = 0  # global samples of the current epoch already trained (set by load_state_dict)
 
     def __len__(self) -> int:
+        if self.doc_aligned:
+            return num_aligned_rows(self.num_tokens, self.block_size)
         return num_windows(self.num_tokens, self.block_size)
 
     def __getitem__(self, i: int) -> dict:
@@ -57,11 +67,30 @@ class BinDataset:
 
         if self.tokens is None:
             self.tokens = np.memmap(self.path, dtype=self.dtype, mode="r")
-        starts = np.array([i * self.block_size])
-        x, y = read_windows(self.tokens, starts, self.block_size)
-        if self.vocab_size is not None:
-            check_token_range(x, y, starts, self.path, self.vocab_size)
+        if self.doc_aligned:
+            row = self.aligned_row(i)
+            x, y = row[None, :-1], row[None, 1:]
+        else:
+            starts = np.array([i * self.block_size])
+            x, y = read_windows(self.tokens, starts, self.block_size)
+            if self.vocab_size is not None:
+                check_token_range(x, y, starts, self.path, self.vocab_size)
         return {"x": torch.from_numpy(x[0].astype(np.int64)), "y": torch.from_numpy(y[0].astype(np.int64))}
+
+    def aligned_row(self, i: int) -> np.ndarray:
+        """Row i of the doc_aligned rows: T+1 tokens, its block read and packed (data.pack_rows) once per visit."""
+        start, rows, k = aligned_block(i, len(self), self.block_size)
+        if self.packed[0] != start:
+            block = np.array(self.tokens[start:start + rows * (self.block_size + 1)])
+            if self.vocab_size is not None:
+                bad = ids_outside(block, self.vocab_size)
+                if bad is not None and bad.any():
+                    at = int(np.argmax(bad))
+                    raise UserError(f"{self.path}: token id {block[at]} at position {start + at} is out of range "
+                                    f"for vocab_size {self.vocab_size}; was the .bin written with another tokenizer? "
+                                    "re-run prepare_data.py")
+            self.packed = (start, block[pack_rows(block, self.eot_token, self.block_size)])
+        return self.packed[1][k]
 
     def state_dict(self, num_samples: int, from_beginning: bool) -> dict:
         return {"sample_in_epoch": int(num_samples)}
@@ -210,16 +239,16 @@ def detect_format(data_dir: str, data_format: str) -> str:
                     f"(to_mds.py)")
 
 
-def bin_split(data_dir: str, meta: Meta, split: str, block_size: int,
-              too_short: Optional[bool] = None) -> Optional[BinDataset]:
-    """The BinDataset of one split, or None when the dataset has no such split. A split shorter than one sample is
-    a UserError, or with too_short set as none (a data_mix root's val split: no eval set for that root, with a note
-    when too_short is True)."""
+def bin_split(data_dir: str, meta: Meta, split: str, block_size: int, too_short: Optional[bool] = None,
+              doc_aligned: bool = False) -> Optional[BinDataset]:
+    """The BinDataset of one split (doc_aligned: its rows of data.pack_rows), or None when the dataset has no such
+    split. A split shorter than one sample is a UserError, or with too_short set as none (a data_mix root's val
+    split: no eval set for that root, with a note when too_short is True)."""
     if split not in meta.splits:
         return None
     n = meta.token_count(data_dir, split)
     dataset = BinDataset(str(Path(data_dir) / meta.splits[split].file), block_size, meta.dtype, num_tokens=n,
-                         vocab_size=meta.vocab_size)
+                         vocab_size=meta.vocab_size, doc_aligned=doc_aligned, eot_token=meta.eot_token)
     if len(dataset) == 0 and too_short is not None:
         if too_short:
             print(f"note: {dataset.path} has {n} tokens, fewer than one sample of block_size+1 = {block_size + 1}: "
@@ -381,7 +410,7 @@ def bin_train_set(cfg, rank: int):
     parts, tokenizers = [], {}
     for root in bin_roots(cfg):
         meta = read_meta(root, cfg.vocab_size, rank)
-        part = bin_split(root, meta, "train", cfg.block_size)
+        part = bin_split(root, meta, "train", cfg.block_size, doc_aligned=cfg.doc_aligned)
         if part is None:
             raise UserError(f"{Path(root) / META_NAME} lists no train split: run prepare_data.py")
         parts.append(part)
@@ -437,6 +466,9 @@ def mds_loaders(cfg, world_size: int, loader_args: dict):
     from torch.utils.data import DataLoader
 
     per_rank, eval_bs = cfg.per_rank_batch(world_size), eval_batch_size(cfg)
+    if cfg.doc_aligned:
+        raise UserError(f"doc_aligned=True packs the rows of .bin data, but {mds_roots(cfg)} is MDS (to_mds.py wrote "
+                        "its samples): set doc_aligned=False, or train on the prepare_data.py folder")
     check_writable_folder(cfg.data_local, "data_local", "pass another --data_local (the local MDS cache)")
     indexes = read_mds_indexes(cfg)  # every shard name of every split checked before Streaming starts
     if cfg.data_mix and indexes["train"] and all(i is not None for i in indexes["train"]):

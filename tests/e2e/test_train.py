@@ -9,6 +9,7 @@ order, optimizer) needs a new file:
 (the test writes it and skips), and the commit that changes it says why.
 """
 
+import hashlib
 import json
 import math
 import os
@@ -28,7 +29,9 @@ from helpers import (
     read_jsonl,
     run_command,
     run_train,
+    shakespeare_docs,
     succeeded,
+    tokenize,
     write_bin,
 )
 from pilegpt.train.loaders import mds_cache_dir
@@ -134,6 +137,37 @@ def test_local_mds_training_resumes_the_streaming_position(shakespeare_mds, tmp_
     capsys.readouterr()
     train.main([*args, "--autoresume=True"])
     assert_resumed_where_it_stopped(run_dir, capsys.readouterr().out, keep_batch=2, last_batch=4)
+
+
+def test_doc_aligned_bin_training_reads_packed_rows_and_resumes_them_exactly(tmp_path, capsys):
+    """doc_aligned=True: the train batches are data.pack_rows' rows (each a row of the .bin's packed blocks), the
+    resume continues on the same rows, and a resume that flips the setting is refused in one line."""
+    from pilegpt.common import UserError
+    from pilegpt.data import num_aligned_rows, write_token_files
+    from pilegpt.train.loaders import BinDataset
+
+    docs = [np.r_[tokenize(d), 50256] for d in shakespeare_docs(600)]  # speeches: ~50 tokens, rows of 33
+    tokens = np.concatenate(docs).astype(np.uint16)
+    write_token_files(tmp_path / "d", {"train": tokens[:-3000], "val": tokens[-3000:]})
+    run_dir = tmp_path / "run"
+    args = [str(REPO / "config" / "tiny.py"), f"--data_dir={tmp_path / 'd'}", *SMALL, "--max_duration=4ba",
+            "--save_interval=2ba", "--eval_interval=4ba", "--eval_subset_num_batches=2", f"--save_folder={run_dir}",
+            callbacks(run_dir), "--device=cpu", "--sample_length=0", "--doc_aligned=True"]
+    train.main(args)
+    rows = BinDataset(str(tmp_path / "d" / "train.bin"), 32, doc_aligned=True)
+    assert len(rows) == num_aligned_rows(len(tokens) - 3000, 32)
+    packed = {hashlib.blake2b(rows[i]["x"].numpy().tobytes(), digest_size=8).hexdigest() for i in range(len(rows))}
+    trained = [h for hashes in fingerprints(run_dir).values() for h in hashes]
+    assert len(trained) == 16 and set(trained) <= packed  # every batch row is a packed row
+    assert json.loads((run_dir / "data.json").read_text())["doc_aligned"] == 32
+
+    simulate_crash_after(run_dir, keep_batch=2)
+    capsys.readouterr()
+    train.main([*args, "--autoresume=True"])
+    assert_resumed_where_it_stopped(run_dir, capsys.readouterr().out, keep_batch=2, last_batch=4)
+    with pytest.raises(UserError, match=r"trained on other data: doc_aligned=False \(the run had True: its train "
+                                        r"samples are other rows of these tokens\)"):
+        train.main([*args, "--autoresume=True", "--doc_aligned=False", "--max_duration=6ba"])
 
 
 def test_two_processes_train_data_parallel_on_different_mds_samples_from_s3_and_save_to_s3(s3_env, shakespeare_mds,
