@@ -225,13 +225,16 @@ def ids_outside(arr: np.ndarray, vocab_size: int) -> Optional[np.ndarray]:
     return (arr >= limit) | (arr < 0) if below else arr >= limit
 
 
-def check_token_range(x: np.ndarray, y: np.ndarray, starts: np.ndarray, path, vocab_size: int) -> None:
-    """UserError naming the first token id outside [0, vocab_size) in these windows (x, plus y's last token)."""
+def check_token_range(x: np.ndarray, y: np.ndarray, starts: np.ndarray, path, vocab_size: int,
+                      positions: Optional[np.ndarray] = None) -> None:
+    """UserError naming the first token id outside [0, vocab_size) in these windows (x, plus y's last token), or
+    in these rows of `positions` (aligned_positions: (K, T+1) positions in the .bin) when given."""
     for arr, shift in ((x, 0), (y[:, -1:], x.shape[1])):
         bad = ids_outside(arr, vocab_size)
         if bad is not None and bad.any():
             k, j = np.argwhere(bad)[0]
-            raise UserError(f"{path}: token id {arr[k, j]} at position {starts[k] + j + shift} is out of range "
+            at = positions[k, j + shift] if positions is not None else starts[k] + j + shift
+            raise UserError(f"{path}: token id {arr[k, j]} at position {at} is out of range "
                             f"for vocab_size {vocab_size}; was the .bin written with another tokenizer? re-run "
                             f"prepare_data.py (or pass the right --vocab-size for a bare .bin)")
 
@@ -302,6 +305,25 @@ def pack_rows(tokens: np.ndarray, eot: int, block_size: int) -> np.ndarray:
         row.append(rest[used:used + gap])
         used += gap
     return np.concatenate([a for row in rows for a in row] or [np.zeros(0, int)]).astype(np.int64).reshape(-1, W)
+
+
+def block_positions(tokens: np.ndarray, start: int, rows: int, block_size: int, eot: int) -> np.ndarray:
+    """(rows, T+1) positions in the .bin of the rows of the block that starts at token `start` (aligned_block)."""
+    return start + pack_rows(np.asarray(tokens[start:start + rows * (block_size + 1)]), eot, block_size)
+
+
+def aligned_positions(tokens: np.ndarray, rows: np.ndarray, block_size: int, eot: int) -> np.ndarray:
+    """(K, T+1) positions in the .bin `tokens` of its document-aligned rows `rows`; a row's x is tokens at its first
+    T positions, y at its last T. Consecutive rows of one block pack it once."""
+    n_rows = num_aligned_rows(len(tokens), block_size)
+    out = np.empty((len(rows), block_size + 1), dtype=np.int64)
+    packed = (-1, None)
+    for k, i in enumerate(np.asarray(rows).tolist()):
+        start, count, j = aligned_block(i, n_rows, block_size)
+        if packed[0] != start:
+            packed = (start, block_positions(tokens, start, count, block_size, eot))
+        out[k] = packed[1][j]
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------------

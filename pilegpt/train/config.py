@@ -63,7 +63,7 @@ class TrainConfig:
     data_format: str = "auto"  # "auto" (look inside data_dir), "bin" or "mds"
     num_workers: int = 0  # DataLoader worker processes per rank (0 = load in the training process)
     num_canonical_nodes: Optional[int] = None  # MDS sample order (Streaming's); None = the run's first node count
-    doc_aligned: bool = False  # .bin train rows start at a document's first token, documents packed best-fit (data.py)
+    doc_aligned: bool = False  # train rows start at a document's first token, documents packed best-fit (data.py)
     # batch
     global_batch_size: int = 480  # sequences per optimizer step over all ranks (x block_size tokens)
     device_train_microbatch_size: Union[int, str] = 12  # sequences per forward/backward per device; "auto" (GPU)
@@ -217,9 +217,6 @@ class TrainConfig:
             errors.append("data_remote is read as MDS: data_format='bin' only works with data_dir")
         if isinstance(self.data_remote, list) and not self.data_remote:
             errors.append("data_remote is an empty list")
-        if self.doc_aligned and (self.data_remote is not None or self.data_format == "mds"):
-            errors.append("doc_aligned=True packs the rows of .bin data, but the data is read as MDS (to_mds.py "
-                          "wrote its samples): set doc_aligned=False, or train on the prepare_data.py folder")
         if self.num_workers < 0:
             errors.append(f"num_workers must be >= 0, got {self.num_workers}")
         return errors

@@ -26,13 +26,13 @@ from pilegpt.data import (
     TO_MDS_META,
     Meta,
     aligned_block,
+    block_positions,
     check_token_range,
     ids_outside,
     listed_shards,
     nanogpt_meta,
     num_aligned_rows,
     num_windows,
-    pack_rows,
     read_windows,
     validation_hash,
 )
@@ -81,16 +81,12 @@ class BinDataset:
         """Row i of the doc_aligned rows: T+1 tokens, its block read and packed (data.pack_rows) once per visit."""
         start, rows, k = aligned_block(i, len(self), self.block_size)
         if self.packed[0] != start:
-            block = np.array(self.tokens[start:start + rows * (self.block_size + 1)])
-            if self.vocab_size is not None:
-                bad = ids_outside(block, self.vocab_size)
-                if bad is not None and bad.any():
-                    at = int(np.argmax(bad))
-                    raise UserError(f"{self.path}: token id {block[at]} at position {start + at} is out of range "
-                                    f"for vocab_size {self.vocab_size}; was the .bin written with another tokenizer? "
-                                    "re-run prepare_data.py")
-            self.packed = (start, block[pack_rows(block, self.eot_token, self.block_size)])
-        return self.packed[1][k]
+            self.packed = (start, block_positions(self.tokens, start, rows, self.block_size, self.eot_token))
+        positions = self.packed[1][k:k + 1]
+        row = np.asarray(self.tokens[positions])
+        if self.vocab_size is not None:
+            check_token_range(row[:, :-1], row[:, 1:], positions[:, 0], self.path, self.vocab_size, positions)
+        return row[0]
 
     def state_dict(self, num_samples: int, from_beginning: bool) -> dict:
         return {"sample_in_epoch": int(num_samples)}
@@ -370,6 +366,20 @@ def mds_split(cfg, split: str, batch_size: int, shuffle: bool, weighted: bool = 
         raise UserError(f"cannot open MDS split {split}/ of {roots}: {e}") from None
 
 
+def check_mds_aligned(cfg) -> None:
+    """doc_aligned=True on MDS: to_mds wrote the rows (--sampling doc_aligned), or a one-line error per root."""
+    for root in mds_roots(cfg):
+        made = read_split_file(root, "train", TO_MDS_META)
+        try:
+            sampling = json.loads(made).get("sampling") if made else None
+        except (ValueError, AttributeError):
+            sampling = None
+        if sampling != "doc_aligned":
+            how = f"sampling {sampling}" if isinstance(sampling, str) else f"no sampling recorded in a {TO_MDS_META}"
+            raise UserError(f"doc_aligned=True, but {storage.join(root, 'train')} holds to_mds.py's samples as written "
+                            f"({how}): re-run to_mds.py --sampling doc_aligned, or set doc_aligned=False")
+
+
 def check_sample_length(dataset, block_size: int, what: str) -> None:
     try:
         length = len(dataset[0]["x"])
@@ -467,8 +477,7 @@ def mds_loaders(cfg, world_size: int, loader_args: dict):
 
     per_rank, eval_bs = cfg.per_rank_batch(world_size), eval_batch_size(cfg)
     if cfg.doc_aligned:
-        raise UserError(f"doc_aligned=True packs the rows of .bin data, but {mds_roots(cfg)} is MDS (to_mds.py wrote "
-                        "its samples): set doc_aligned=False, or train on the prepare_data.py folder")
+        check_mds_aligned(cfg)
     check_writable_folder(cfg.data_local, "data_local", "pass another --data_local (the local MDS cache)")
     indexes = read_mds_indexes(cfg)  # every shard name of every split checked before Streaming starts
     if cfg.data_mix and indexes["train"] and all(i is not None for i in indexes["train"]):

@@ -141,7 +141,8 @@ def test_local_mds_training_resumes_the_streaming_position(shakespeare_mds, tmp_
 
 def test_doc_aligned_bin_training_reads_packed_rows_and_resumes_them_exactly(tmp_path, capsys):
     """doc_aligned=True: the train batches are data.pack_rows' rows (each a row of the .bin's packed blocks), the
-    resume continues on the same rows, and a resume that flips the setting is refused in one line."""
+    resume continues on the same rows, a resume that flips the setting is refused in one line, and MDS written by
+    to_mds.py --sampling doc_aligned trains on the same rows."""
     from pilegpt.common import UserError
     from pilegpt.data import num_aligned_rows, write_token_files
     from pilegpt.train.loaders import BinDataset
@@ -168,6 +169,18 @@ def test_doc_aligned_bin_training_reads_packed_rows_and_resumes_them_exactly(tmp
     with pytest.raises(UserError, match=r"trained on other data: doc_aligned=False \(the run had True: its train "
                                         r"samples are other rows of these tokens\)"):
         train.main([*args, "--autoresume=True", "--doc_aligned=False", "--max_duration=6ba"])
+
+    # the same rows written ahead by to_mds.py --sampling doc_aligned, read through Streaming
+    import to_mds
+
+    mds = tmp_path / "mds"
+    assert to_mds.main(["--bin", str(tmp_path / "d"), "--out", str(mds), "--block-size", "32", "--sampling",
+                        "doc_aligned"]) == 0
+    mds_run = tmp_path / "mds_run"
+    train.main([*args[:1], f"--data_dir={mds}", *args[2:], f"--save_folder={mds_run}", callbacks(mds_run),
+                f"--data_local={tmp_path / 'cache'}", "--max_duration=2ba"])
+    from_mds = [h for hashes in fingerprints(mds_run).values() for h in hashes]
+    assert len(from_mds) == 8 and set(from_mds) <= packed
 
 
 def test_two_processes_train_data_parallel_on_different_mds_samples_from_s3_and_save_to_s3(s3_env, shakespeare_mds,

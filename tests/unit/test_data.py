@@ -165,16 +165,15 @@ def torch_equal(a, b) -> bool:
     return bool((a == b).all())
 
 
-def test_doc_aligned_is_refused_for_mds_and_recorded_for_resume(tmp_path):
+def test_doc_aligned_on_mds_needs_rows_to_mds_aligned_and_a_bin_run_records_it(tmp_path):
     from types import SimpleNamespace
 
     from pilegpt.train import data_record
-    from pilegpt.train.config import TrainConfig
 
-    with pytest.raises(ValueError, match="doc_aligned=True packs the rows of .bin data, but the data is read as MDS"):
-        TrainConfig(data_dir=None, data_remote="s3://bucket/x", doc_aligned=True)
     write_mds_splits(tmp_path / "mds", np.arange(2000, dtype=np.uint16))
-    with pytest.raises(UserError, match=r"doc_aligned=True packs the rows of .bin data, but \[.*mds'\] is MDS"):
+    with pytest.raises(UserError, match=r"^doc_aligned=True, but .*mds/train holds to_mds.py's samples as written "
+                                        r"\(no sampling recorded in a to_mds.json\): re-run to_mds.py --sampling doc_aligned, or set "
+                                        r"doc_aligned=False$"):
         train.main([f"--data_dir={tmp_path / 'mds'}", *TRAIN, f"--save_folder={tmp_path / 'run'}",
                     f"--data_local={tmp_path / 'cache'}", "--doc_aligned=True"])
     write_token_files(tmp_path / "bin", {"train": np.arange(5000) % 50257})
