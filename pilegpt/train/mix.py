@@ -1,6 +1,6 @@
 """data_mix: several datasets (components) mixed by weight, as Streaming's Stream(proportion=, repeat=, choose=)
 weights them: the weights checked, each component's samples per epoch and name, the shares a run reports
-(loaders.MixedOrder interleaves .bin components), and a mix found by folder name (config/pile_mix.py's).
+(bin_reader.MixedOrder interleaves .bin components), and a mix found by folder name (config/pile_mix.py's).
 Details: docs/training.md#mixing-components."""
 
 from __future__ import annotations

@@ -12,8 +12,7 @@ from helpers import SMALL, write_mds_splits
 from pilegpt import data
 from pilegpt.common import UserError
 from pilegpt.data import Meta, read_windows, window_starts, write_token_files
-from pilegpt.train import loaders
-from pilegpt.train.loaders import permute, resumable_sampler
+from pilegpt.train.bin_reader import BinDataset, permute, resumable_sampler
 
 TRAIN = [*SMALL, "--device=cpu", "--sample_length=0", "--max_duration=2ba", "--eval_interval=2ba",
          "--eval_subset_num_batches=1", "--progress_bar=False"]
@@ -79,7 +78,7 @@ def test_permute_is_a_permutation_that_depends_on_the_key(n):
 
 def test_sampler_covers_every_window_once_per_epoch_ranks_disjoint_and_resumes_exactly(tmp_path):
     write_token_files(tmp_path, {"train": np.arange(10_001)})
-    ds = loaders.BinDataset(str(tmp_path / "train.bin"), block_size=10)  # 1000 windows
+    ds = BinDataset(str(tmp_path / "train.bin"), block_size=10)  # 1000 windows
     samplers = [resumable_sampler(ds, world_size=3, rank=r, seed=5) for r in range(3)]
     epoch0 = [list(s) for s in samplers]
     assert [len(e) for e in epoch0] == [333] * 3
@@ -140,7 +139,7 @@ def test_doc_aligned_rows_cover_the_bin_once_start_at_documents_and_check_the_vo
     tokens = documents(lengths)
     write_token_files(tmp_path, {"train": tokens}, dtype="int32")
     T = 16
-    ds = loaders.BinDataset(str(tmp_path / "train.bin"), block_size=T, dtype="int32", doc_aligned=True)
+    ds = BinDataset(str(tmp_path / "train.bin"), block_size=T, dtype="int32", doc_aligned=True)
     assert len(ds) == len(tokens) // (T + 1) == data.num_aligned_rows(len(tokens), T)
     items = [ds[i] for i in range(len(ds))]
     assert all(torch_equal(it["x"][1:], it["y"][:-1]) for it in items)  # y = x shifted by one
@@ -155,7 +154,7 @@ def test_doc_aligned_rows_cover_the_bin_once_start_at_documents_and_check_the_vo
                                                           items[5]["x"].tolist()]  # any order, the same rows
     tokens[len(tokens) // 2] = 60000
     write_token_files(tmp_path, {"train": tokens}, dtype="int32")
-    bad = loaders.BinDataset(str(tmp_path / "train.bin"), block_size=T, dtype="int32", vocab_size=50257,
+    bad = BinDataset(str(tmp_path / "train.bin"), block_size=T, dtype="int32", vocab_size=50257,
                              doc_aligned=True)
     with pytest.raises(UserError, match=f"token id 60000 at position {len(tokens) // 2} is out of range"):
         [bad[i] for i in range(len(bad))]
@@ -172,8 +171,8 @@ def test_doc_aligned_on_mds_needs_rows_to_mds_aligned_and_a_bin_run_records_it(t
 
     write_mds_splits(tmp_path / "mds", np.arange(2000, dtype=np.uint16))
     with pytest.raises(UserError, match=r"^doc_aligned=True, but .*mds/train holds to_mds.py's samples as written "
-                                        r"\(no sampling recorded in a to_mds.json\): re-run to_mds.py --sampling doc_aligned, or set "
-                                        r"doc_aligned=False$"):
+                                        r"\(no sampling recorded in a to_mds.json\): re-run to_mds.py --sampling "
+                                        r"doc_aligned, or set doc_aligned=False$"):
         train.main([f"--data_dir={tmp_path / 'mds'}", *TRAIN, f"--save_folder={tmp_path / 'run'}",
                     f"--data_local={tmp_path / 'cache'}", "--doc_aligned=True"])
     write_token_files(tmp_path / "bin", {"train": np.arange(5000) % 50257})

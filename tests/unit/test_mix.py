@@ -7,8 +7,9 @@ import pytest
 
 from helpers import write_bin
 from pilegpt.common import UserError
+from pilegpt.train.bin_reader import BinDataset, MixedBins, MixedOrder, resumable_sampler
 from pilegpt.train.config_load import load_config
-from pilegpt.train.loaders import BinDataset, MixedBins, MixedOrder, mix_shares, resumable_sampler
+from pilegpt.train.loaders import mix_shares
 from pilegpt.train.mix import check_mix, component_name, sample_counts
 
 

@@ -128,7 +128,7 @@ def test_num_proc_1_and_2_write_the_same_bytes_holding_the_bin_windows(tmp_path,
 
 def test_doc_aligned_sampling_writes_train_pys_rows_the_same_for_any_num_proc_and_verifies(tmp_path, capsys):
     from helpers import shakespeare_docs, tokenize
-    from pilegpt.train.loaders import BinDataset
+    from pilegpt.train.bin_reader import BinDataset
 
     tokens = np.concatenate([np.r_[tokenize(d), 50256] for d in shakespeare_docs(700)]).astype(np.uint16)
     data = write_bin(tmp_path / "data", tokens)
@@ -147,7 +147,8 @@ def test_doc_aligned_sampling_writes_train_pys_rows_the_same_for_any_num_proc_an
     assert json.loads(one["val/to_mds.json"])["sampling"] == "sequential"  # val stays in windows
     capsys.readouterr()
     assert to_mds.main(["--bin", str(data), "--out", str(tmp_path / "p1"), "--verify"]) == 0
-    assert f"verified {tmp_path / 'p1' / 'train'}: {len(rows):,} samples, every token matches" in capsys.readouterr().out
+    verified = capsys.readouterr().out
+    assert f"verified {tmp_path / 'p1' / 'train'}: {len(rows):,} samples, every token matches" in verified
     spec = json.loads(one["train/to_mds.json"])
     (tmp_path / "p1" / "train" / "to_mds.json").write_text(json.dumps({**spec, "align_rows": 64}))
     err = main_error(to_mds.main, ["--bin", str(data), "--out", str(tmp_path / "p1"), "--verify"], capsys)
