@@ -24,11 +24,11 @@ bias = False
 # learning_rate for the norms and takes embedding_lr and head_lr (below) for the embedding and the head. The warmup
 # and cosine schedule scale every rate alike. The same rates at every width: on the size ladder, AdamW's scaled by
 # (128 / n_embd) ** 0.5 (lr_base_width=128, nanochat's rule) lost in both seeds at 192 and 256 wide
-# (docs/performance.md#the-recipes-as-the-model-grows). Muon's 0.01: of 0.01, 0.02 and 0.04 on this preset, 0.01 ended
-# lowest at 4 x 128 and 6 x 256 in both seeds; 0.005, run at 4 x 128 only, was lower still there (not settled:
-# docs/performance.md#muons-rate-on-todays-preset).
+# (docs/performance.md#the-recipes-as-the-model-grows). Muon's 0.005: of 0.0025, 0.005 and 0.01 on this preset, the
+# middle one ended lowest at 4 x 128 and 6 x 256 in both seeds, as 0.01 had of 0.01, 0.02 and 0.04: the best rate
+# does not move with the width (docs/performance.md#muons-rate-on-todays-preset).
 optimizer = "muon"
-muon_lr = 0.01
+muon_lr = 0.005
 muon_momentum = 0.95
 # NorMuon (each output neuron's update evened out by its second moment): on the size ladder it lowered the val loss
 # at 4 x 128 and 6 x 256 in both seeds (-0.027 to -0.067); momentum warmup, zero-init projections, cautious weight

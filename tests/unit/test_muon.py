@@ -372,7 +372,7 @@ def test_polar_express_is_a_setting_that_reaches_the_groups_and_a_change_on_resu
 def test_muons_settings_under_adamw_are_named_as_unused_in_one_line():
     modern = str(REPO / "config" / "modern.py")
     over_the_preset = train_config.load_config([*DATA, modern, "--optimizer=adamw"])
-    assert over_the_preset.unused_muon_note() == ("muon_lr=0.01, muon_normuon=True: Muon's settings, unused with "
+    assert over_the_preset.unused_muon_note() == ("muon_lr=0.005, muon_normuon=True: Muon's settings, unused with "
                                                   "optimizer='adamw' (set optimizer='muon' to use them)")
     assert train_config.load_config([*DATA, modern]).unused_muon_note() == ""
     assert train_config.load_config(DATA).unused_muon_note() == ""
