@@ -4,7 +4,7 @@
 # RoPE, RMSNorm, ReLU² MLP, QK-norm, an untied output head, no biases, and Muon (with NorMuon's per-neuron
 # normalisation) for the blocks' matrices, AdamW's own rates for the embedding and the head (the choices of nanochat
 # and modded-nanogpt). bench/bench_recipe.py and the size ladder chose them: on the quickstart this preset reaches
-# GPT-2's final val loss in 0.21x its steps and 0.23x its CPU time at 2 threads (docs/performance.md#recipes).
+# GPT-2's final val loss in 0.22x its steps and 0.25x its CPU time at 2 threads (docs/performance.md#recipes).
 # A logit softcap bought nothing there and cost 25% per step, so it is off; mlp = "swiglu" was within noise of
 # ReLU². export_hf.py writes this model as a stock Qwen3ForCausalLM (ReLU² as a gated ReLU MLP with gate = up:
 # docs/huggingface.md).
