@@ -312,6 +312,17 @@ def block_positions(tokens: np.ndarray, start: int, rows: int, block_size: int, 
     return start + pack_rows(np.asarray(tokens[start:start + rows * (block_size + 1)]), eot, block_size)
 
 
+def read_rows(tokens: np.ndarray, positions: np.ndarray, path, vocab_size: Optional[int] = None
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """x, y of the document-aligned rows at `positions` ((K, T+1) positions in the .bin `tokens`): two (K, T)
+    arrays; with vocab_size, an id outside it is check_token_range's UserError, at its position in the .bin."""
+    rows = np.asarray(tokens[positions])
+    x, y = rows[:, :-1], rows[:, 1:]
+    if vocab_size is not None:
+        check_token_range(x, y, positions[:, 0], path, vocab_size, positions)
+    return x, y
+
+
 def aligned_positions(tokens: np.ndarray, rows: np.ndarray, block_size: int, eot: int) -> np.ndarray:
     """(K, T+1) positions in the .bin `tokens` of its document-aligned rows `rows`; a row's x is tokens at its first
     T positions, y at its last T. Consecutive rows of one block pack it once."""

@@ -31,6 +31,7 @@ from pilegpt.data import (
     mds_columns,
     num_aligned_rows,
     num_windows,
+    read_rows,
     read_windows,
     window_starts,
 )
@@ -105,15 +106,11 @@ def read_samples(tokens: np.ndarray, part: np.ndarray, T: int, eot: Optional[int
                  vocab: Optional[int] = None) -> tuple[np.ndarray, np.ndarray]:
     """x, y of the samples `part` of spec_starts names: windows, or with `eot` doc_aligned rows; with vocab, an id
     outside the vocabulary is a UserError naming its position in the .bin at `path`."""
-    if eot is None:
-        x, y = read_windows(tokens, part, T)
-        positions = None
-    else:
-        positions = aligned_positions(tokens, part, T, eot)
-        rows = np.asarray(tokens[positions])
-        x, y = rows[:, :-1], rows[:, 1:]
+    if eot is not None:
+        return read_rows(tokens, aligned_positions(tokens, part, T, eot), path, vocab)
+    x, y = read_windows(tokens, part, T)
     if vocab is not None:
-        check_token_range(x, y, part, path, vocab, positions)
+        check_token_range(x, y, part, path, vocab)
     return x, y
 
 

@@ -16,6 +16,7 @@ from pilegpt.data import (
     check_token_range,
     num_aligned_rows,
     num_windows,
+    read_rows,
     read_windows,
 )
 from pilegpt.tokenizer import EOT_ID
@@ -35,7 +36,7 @@ class BinDataset:
         self.num_tokens = os.path.getsize(path) // self.dtype.itemsize if num_tokens is None else num_tokens
         self.doc_aligned, self.eot_token = doc_aligned, eot_token
         self.tokens = None  # opened lazily, once per DataLoader worker
-        self.packed = (-1, None)  # (first token, rows) of the block packed last: its other rows are asked for next
+        self.packed = (-1, None)  # (first token, rows' positions) of the block packed last: its other rows come next
         self.resume_samples = 0  # global samples of the current epoch already trained (set by load_state_dict)
 
     def __len__(self) -> int:
@@ -49,8 +50,7 @@ class BinDataset:
         if self.tokens is None:
             self.tokens = np.memmap(self.path, dtype=self.dtype, mode="r")
         if self.doc_aligned:
-            row = self.aligned_row(i)
-            x, y = row[None, :-1], row[None, 1:]
+            x, y = self.aligned_row(i)
         else:
             starts = np.array([i * self.block_size])
             x, y = read_windows(self.tokens, starts, self.block_size)
@@ -58,16 +58,13 @@ class BinDataset:
                 check_token_range(x, y, starts, self.path, self.vocab_size)
         return {"x": torch.from_numpy(x[0].astype(np.int64)), "y": torch.from_numpy(y[0].astype(np.int64))}
 
-    def aligned_row(self, i: int) -> np.ndarray:
-        """Row i of the doc_aligned rows: T+1 tokens, its block read and packed (data.pack_rows) once per visit."""
+    def aligned_row(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """x, y (each (1, T)) of row i of the doc_aligned rows, its block read and packed (data.pack_rows) once per
+        visit."""
         start, rows, k = aligned_block(i, len(self), self.block_size)
         if self.packed[0] != start:
             self.packed = (start, block_positions(self.tokens, start, rows, self.block_size, self.eot_token))
-        positions = self.packed[1][k:k + 1]
-        row = np.asarray(self.tokens[positions])
-        if self.vocab_size is not None:
-            check_token_range(row[:, :-1], row[:, 1:], positions[:, 0], self.path, self.vocab_size, positions)
-        return row[0]
+        return read_rows(self.tokens, self.packed[1][k:k + 1], self.path, self.vocab_size)
 
     def state_dict(self, num_samples: int, from_beginning: bool) -> dict:
         return {"sample_in_epoch": int(num_samples)}

@@ -180,6 +180,8 @@ def mds_split(cfg, split: str, batch_size: int, shuffle: bool, weighted: bool = 
     streams = []
     for root, index in zip(roots, indexes):
         made = read_split_file(root, split, TO_MDS_META)
+        if cfg.doc_aligned and split == "train":
+            check_aligned(storage.join(root, split), made)
         vocab = json.loads(made).get("vocab_size") if made else None
         if vocab is not None and vocab > cfg.vocab_size:
             raise UserError(f"{root}/{split} was made with a vocabulary of {vocab} tokens but vocab_size is "
@@ -200,18 +202,17 @@ def mds_split(cfg, split: str, batch_size: int, shuffle: bool, weighted: bool = 
         raise UserError(f"cannot open MDS split {split}/ of {roots}: {e}") from None
 
 
-def check_mds_aligned(cfg) -> None:
-    """doc_aligned=True on MDS: to_mds wrote the rows (--sampling doc_aligned), or a one-line error per root."""
-    for root in mds_roots(cfg):
-        made = read_split_file(root, "train", TO_MDS_META)
-        try:
-            sampling = json.loads(made).get("sampling") if made else None
-        except (ValueError, AttributeError):
-            sampling = None
-        if sampling != "doc_aligned":
-            how = f"sampling {sampling}" if isinstance(sampling, str) else f"no sampling recorded in a {TO_MDS_META}"
-            raise UserError(f"doc_aligned=True, but {storage.join(root, 'train')} holds to_mds.py's samples as written "
-                            f"({how}): re-run to_mds.py --sampling doc_aligned, or set doc_aligned=False")
+def check_aligned(where: str, made: Optional[bytes]) -> None:
+    """doc_aligned=True on MDS: the train split's to_mds.json (`made`) says to_mds wrote the rows (--sampling
+    doc_aligned); otherwise a one-line error naming the fix."""
+    try:
+        sampling = json.loads(made).get("sampling") if made else None
+    except (ValueError, AttributeError):
+        sampling = None
+    if sampling != "doc_aligned":
+        how = f"sampling {sampling}" if isinstance(sampling, str) else f"no sampling recorded in a {TO_MDS_META}"
+        raise UserError(f"doc_aligned=True, but {where} holds to_mds.py's samples as written ({how}): re-run "
+                        "to_mds.py --sampling doc_aligned, or set doc_aligned=False")
 
 
 def check_sample_length(dataset, block_size: int, what: str) -> None:
@@ -310,8 +311,6 @@ def mds_loaders(cfg, world_size: int, loader_args: dict):
     from torch.utils.data import DataLoader
 
     per_rank, eval_bs = cfg.per_rank_batch(world_size), eval_batch_size(cfg)
-    if cfg.doc_aligned:
-        check_mds_aligned(cfg)
     check_writable_folder(cfg.data_local, "data_local", "pass another --data_local (the local MDS cache)")
     indexes = read_mds_indexes(cfg)  # every shard name of every split checked before Streaming starts
     if cfg.data_mix and indexes["train"] and all(i is not None for i in indexes["train"]):
