@@ -395,17 +395,15 @@ class GPT(nn.Module):
         L, H, Q, T = cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head, cfg.block_size
         return 6 * self.num_params(non_embedding=True) + 12 * L * H * Q * T
 
-    def optim_groups(self, weight_decay: float) -> list[dict]:
-        """AdamW parameter groups: weight decay on the 2-D weights (matmuls, embeddings), none on biases
-        and LayerNorm gains. Every trainable parameter lands in exactly one group (checked)."""
-        params = [p for p in self.parameters() if p.requires_grad]  # the tied matrix appears once
-        decay = [p for p in params if p.dim() >= 2]
-        no_decay = [p for p in params if p.dim() < 2]
-        ids_decay, ids_no_decay = {id(p) for p in decay}, {id(p) for p in no_decay}
-        assert len(ids_decay) == len(decay) and len(ids_no_decay) == len(no_decay), "a parameter is listed twice"
-        assert not ids_decay & ids_no_decay, "a parameter is in both groups"
-        assert ids_decay | ids_no_decay == {id(p) for p in params}, "a parameter is in no group"
-        return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    def param_parts(self) -> dict[str, list[nn.Parameter]]:
+        """Which trainable parameters are which part, for the optimizer's groups (pilegpt/train/optim/groups.py):
+        "matrices" the 2-D weights inside the blocks (Muon's), "embedding" the embedding tables (wte once when tied,
+        wpe, the value_embeds tables), "head" the untied output head, "scalars" every parameter of dim < 2 (biases,
+        norm gains, the x0 scalars)."""
+        tables = [m.weight for m in self.modules() if isinstance(m, nn.Embedding) and m.weight.requires_grad]
+        return {"matrices": self.hidden_matrices(), "embedding": list({id(p): p for p in tables}.values()),
+                "head": [] if self.config.tie_embeddings else [self.lm_head.weight],
+                "scalars": [p for p in self.parameters() if p.requires_grad and p.dim() < 2]}
 
     def crop_block_size(self, block_size: int) -> None:
         """Shrink the context length (e.g. to finetune a 1024-context model at 256): cuts wpe's table (RoPE has

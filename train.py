@@ -15,22 +15,24 @@ from __future__ import annotations
 
 import sys
 
-if __name__ == "__main__" and any(a in ("-h", "--help") for a in sys.argv[1:]):  # answer before importing torch
-    from pilegpt.train.config_load import usage
-    print(usage(__doc__.split("\n\n")[1]))
-    sys.exit(0)
+if __name__ == "__main__":  # answer --help, and refuse a mistyped setting, before importing torch and Composer
+    from pilegpt.common import UserError, refuse
+    from pilegpt.train.config_load import check_settings, usage
+
+    if any(a in ("-h", "--help") for a in sys.argv[1:]):
+        print(usage(__doc__.split("\n\n")[1]))
+        sys.exit(0)
+    try:
+        check_settings(sys.argv[1:])
+    except UserError as e:
+        refuse(e)
 
 import contextlib
 import dataclasses
-import json
-import math
 import os
-import platform
-import subprocess
 import time
 from typing import NamedTuple, Optional, Sequence
 
-import numpy as np
 import torch
 from composer import Trainer
 from composer.algorithms import GradientClipping
@@ -46,18 +48,13 @@ from pilegpt import compat, model_contract
 from pilegpt.checkpoint import EXPORT_NAME, latest_checkpoint_name, load_for_resume
 from pilegpt.common import (
     UserError,
-    atomic_write_text,
-    failed_write,
     load_dotenv_file,
     mask_secrets,
-    one_line,
     run_main,
     tune_glibc_malloc,
 )
 from pilegpt.hf import load_pretrained
 from pilegpt.launch import die_with_launcher
-from pilegpt.s3 import lost_connection
-from pilegpt.train import cluster, run_folder
 from pilegpt.train.callbacks import (
     CoreEval,
     ExportModel,
@@ -67,11 +64,9 @@ from pilegpt.train.callbacks import (
     StopOnNonFinite,
     build_loggers,
 )
-from pilegpt.train.cluster import World
-from pilegpt.train.config import PART_RATES, TrainConfig, config_text, unused_gpt_settings, used_settings
+from pilegpt.train.config import PART_RATES, TrainConfig, config_text, unused_gpt_settings
 from pilegpt.train.config_load import config_values, make_config
-from pilegpt.train.extensions import build_algorithms, build_callbacks
-from pilegpt.train.loaders import (
+from pilegpt.train.data.loaders import (
     build_dataloaders,
     build_eval_loader,
     data_tokenizer,
@@ -79,16 +74,19 @@ from pilegpt.train.loaders import (
     eval_batches_per_rank,
     mix_shares,
 )
+from pilegpt.train.data.mix import component_name, shares_line
+from pilegpt.train.extensions import build_algorithms, build_callbacks
 from pilegpt.train.metrics import BitsPerByte, CrossEntropyFromLoss, PerplexityFromLoss, token_bytes
-from pilegpt.train.mix import component_name, shares_line
-from pilegpt.train.muon import build_muon
-from pilegpt.train.optim_settings import apply_group_settings, group_settings
-from pilegpt.train.part_rates import with_part_rates
-from pilegpt.train.preemption import PREEMPTED, CheckpointClock, StopOnSignal
-from pilegpt.train.report import PLOT, REPORT, write_report
-from pilegpt.train.run_folder import CONFIG_JSON, RunFolder
-from pilegpt.train.run_uploads import S3Uploads, checkpoint_uploads
-from pilegpt.train.schedule import build_scheduler
+from pilegpt.train.optim.groups import build_optimizer
+from pilegpt.train.optim.on_resume import apply_group_settings, group_settings
+from pilegpt.train.optim.schedule import build_scheduler
+from pilegpt.train.run import cluster
+from pilegpt.train.run import folder as run_folder
+from pilegpt.train.run.cluster import World
+from pilegpt.train.run.folder import RunFolder
+from pilegpt.train.run.lifecycle import LoggersAndCallbacks, fit_and_report, preempted_during_start_up
+from pilegpt.train.run.preemption import CheckpointClock, StopOnSignal
+from pilegpt.train.run.uploads import S3Uploads, checkpoint_uploads
 
 METRICS_JSONL = "metrics.jsonl"
 
@@ -103,8 +101,8 @@ class ComposerGPT(ComposerModel):
     def __init__(self, config: GPTConfig, tokenizer: str = "gpt2", module: Optional[torch.nn.Module] = None,
                  spec: Optional[model_contract.ModelSpec] = None):
         super().__init__()
-        self.model, self.spec = (GPT(config), None) if module is None else (module, spec)
-        if module is None:
+        self.model, self.spec = (GPT(config) if module is None else module), spec
+        if spec is None:
             # Wrap each transformer block in its own FSDP unit (when FSDP is on); the root unit keeps the
             # embeddings, ln_f and the lm_head tied to wte.
             self.model.fsdp_wrap_fn = lambda module: isinstance(module, Block)
@@ -139,10 +137,6 @@ class ComposerGPT(ComposerModel):
         """Training FLOPs (forward + backward) of one batch, for SpeedMonitor's MFU."""
         return self._flops_per_token * batch["x"].numel()
 
-    def optim_groups(self, weight_decay: float) -> list[dict]:
-        """The parameter groups of AdamW (the GPT's own, a custom model's own or model_contract's default)."""
-        return model_contract.optim_groups(self.model, weight_decay)
-
     # The model's shape travels in its Composer checkpoints (state["model"]["_extra_state"]), so that sample.py,
     # export_hf.py and init_from can rebuild the GPT from a checkpoint alone (a custom model: its class and
     # arguments, rebuilt only where the user names the class). The module's own state dict stays plain tensors.
@@ -165,20 +159,12 @@ class Pretrained(NamedTuple):
 
 
 class Optimization(NamedTuple):
-    """How the weights move: the Trainer's optimizer, schedule and algorithms (build_optimizer)."""
+    """How the weights move: the Trainer's optimizer, schedule and algorithms (build_optimization)."""
     optimizer: torch.optim.Optimizer
     scheduler: ComposerScheduler
     algorithms: list  # Composer algorithms, applied in this order at each event
     settings: list[dict]  # each group's hyperparameters as built: on autoresume they replace the checkpoint's
 
-
-class Outputs(NamedTuple):
-    """What the Trainer reports to, and the parts of it that the end of the run reads."""
-    loggers: list
-    callbacks: list
-    metrics_log: MetricsLog  # last_eval: the validation figures of the summary line
-    preemption: StopOnSignal  # stopped_at: whether SIGTERM ended the run
-    uploads: Optional[S3Uploads]  # an s3:// run's uploader (one of the loggers too), else None
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -198,19 +184,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         del pretrained  # its weights are in the model now (or not wanted): free them
         trainer, out = build_trainer(cfg, model, folder, world, device, precision)
         return fit_and_report(trainer, out, cfg, folder, world, device, precision)
-
-
-@contextlib.contextmanager
-def preempted_during_start_up():
-    """Before training starts, Composer's own handler turns SIGTERM into sys.exit(143) (StopOnSignal takes over at
-    FIT_START, preemption.py): say so in one line, so that a preemption during start-up reads as one."""
-    try:
-        yield
-    except SystemExit as e:
-        if e.code == PREEMPTED:
-            print("train.py: stopped by SIGTERM during start-up, before training: no new checkpoint; to continue, run "
-                  f"the same command with --autoresume=True (exit status {PREEMPTED})", flush=True)
-        raise
 
 
 def read_config(argv: Optional[Sequence[str]]) -> tuple[TrainConfig, Pretrained]:
@@ -258,9 +231,7 @@ def build_model(cfg: TrainConfig, pretrained: Pretrained, folder: RunFolder, wor
     reproducibility.seed_all(cfg.seed)  # identical initial weights on every rank
     if cfg.model_class:
         return build_custom_model(cfg, world)
-    model = ComposerGPT(cfg.model_config(), data_tokenizer(cfg))
-    if cfg.zero_init_proj and source is None:  # (a resumed run's weights come from its checkpoint)
-        model.model.zero_output_projections()
+    model = ComposerGPT(cfg.model_config(), data_tokenizer(cfg), cfg.initial_gpt())  # (the plain loop's start too)
     if source is not None:  # weights only: the optimizer and the schedule start fresh
         model.model.load_state_dict(source.state_dict())
         origin = f"{source.num_params() / 1e6:.2f}M weights from {origin}"
@@ -286,13 +257,13 @@ def build_custom_model(cfg: TrainConfig, world: World) -> ComposerGPT:
 
 
 def build_trainer(cfg: TrainConfig, model: ComposerGPT, folder: RunFolder, world: World, device: str,
-                  precision: str) -> tuple[Trainer, Outputs]:
+                  precision: str) -> tuple[Trainer, LoggersAndCallbacks]:
     """The Composer Trainer: data and evaluators, optimizer, loggers and callbacks, checkpoints in save_folder
     (with autoresume, the Trainer loads the latest one there)."""
     compat.cpu_model_from_proc()  # Composer's report of the CPU without its 1-second subprocess
     train_data, evaluators = build_data(cfg, model, world, device)
-    optimization = build_optimizer(cfg, model, device, precision)
-    out = build_outputs(cfg, model, folder, device, evaluators)
+    optimization = build_optimization(cfg, model, device, precision)
+    out = build_loggers_and_callbacks(cfg, model, folder, device, evaluators)
     microbatch = cfg.device_train_microbatch_size
     # Composer unpickles checkpoints in full: a pickle put in a shared save_folder would run its code on autoresume.
     # Every checkpoint the Trainer reads goes through the same weights-only load as sample.py's and init_from's.
@@ -328,7 +299,7 @@ def build_trainer(cfg: TrainConfig, model: ComposerGPT, folder: RunFolder, world
 
 def use_run_settings(trainer: Trainer, optimization: Optimization, world: World) -> None:
     """The checkpoint brought its own learning rates, weight decay and betas (Composer restores them): this run's
-    settings replace them, with a line saying which (optim_settings.py)."""
+    settings replace them, with a line saying which (pilegpt/train/optim/on_resume.py)."""
     state = trainer.state
     changes = apply_group_settings(state.optimizers[0], state.schedulers[0], optimization.settings)
     if changes and world.rank == 0:
@@ -360,16 +331,12 @@ def build_data(cfg: TrainConfig, model: ComposerGPT, world: World,
     return train_data, evaluators
 
 
-def build_optimizer(cfg: TrainConfig, model: ComposerGPT, device: str, precision: str) -> Optimization:
+def build_optimization(cfg: TrainConfig, model: ComposerGPT, device: str, precision: str) -> Optimization:
     """AdamW (or Muon and AdamW), gradient clipping and the learning-rate schedule (pilegpt/train/plain_loop.py does
     the same by hand), then the user's algorithms (cfg.algorithms)."""
-    # AdamW's rate: learning_rate, or with lr_base_width learning_rate x (lr_base_width / n_embd) ** 0.5
-    if cfg.optimizer == "muon":  # Muon for the blocks' 2-D weights at muon_lr, AdamW for the rest at learning_rate
-        # (AdamW's part in torch's fused kernel, on CPU too)
-        optimizer = build_muon(model.model, cfg)
-    else:  # weight decay on the 2-D weights only: GPT.optim_groups puts each parameter in one of two groups
-        groups = with_part_rates(model.optim_groups(cfg.weight_decay), model.model, cfg)  # embedding_lr, head_lr
-        optimizer = torch.optim.AdamW(groups, lr=cfg.adamw_lr(), betas=(cfg.beta1, cfg.beta2), fused=device == "gpu")
+    # Muon for the blocks' 2-D weights at muon_lr and AdamW for the rest, or AdamW alone; each part's group and peak
+    # rate: pilegpt/train/optim/groups.py
+    optimizer = build_optimizer(model.model, cfg, fused=device == "gpu")
     # the gradients' global norm clipped to grad_clip after the backward pass, before the optimizer step
     # (Composer's GradientClipping runs at AFTER_TRAIN_BATCH); grad_clip=0 turns it off
     clipping = [GradientClipping(clipping_type="norm", clipping_threshold=cfg.grad_clip)] if cfg.grad_clip else []
@@ -382,8 +349,8 @@ def build_optimizer(cfg: TrainConfig, model: ComposerGPT, device: str, precision
                         group_settings(optimizer))
 
 
-def build_outputs(cfg: TrainConfig, model: ComposerGPT, folder: RunFolder, device: str,
-                  evaluators: Optional[list[Evaluator]]) -> Outputs:
+def build_loggers_and_callbacks(cfg: TrainConfig, model: ComposerGPT, folder: RunFolder, device: str,
+                  evaluators: Optional[list[Evaluator]]) -> LoggersAndCallbacks:
     """The loggers (an s3:// run's uploads, the file log, metrics.jsonl, the trackers) and the callbacks: train.py's,
     then those cfg.callbacks names."""
     start, run_dir = time.strftime("%Y%m%d-%H%M%S"), folder.run_dir
@@ -418,7 +385,7 @@ def build_outputs(cfg: TrainConfig, model: ComposerGPT, folder: RunFolder, devic
     loggers += [c for c in extra if isinstance(c, LoggerDestination)]
     if not any(getattr(c, "dataloader_label", None) == "train" for c in callbacks):
         model.train_metrics = {}  # no stopper watches them: Composer would update, compute and log them every batch
-    return Outputs(loggers, callbacks, metrics_log, preemption, uploads)
+    return LoggersAndCallbacks(loggers, callbacks, metrics_log, preemption, uploads)
 
 
 def divergence_causes(cfg: TrainConfig) -> str:
@@ -429,123 +396,6 @@ def divergence_causes(cfg: TrainConfig) -> str:
     clip = "" if cfg.grad_clip else " (gradient clipping is off: e.g. --grad_clip=1.0)"
     lower = " or ".join(f"--{k} (now {v:g})" for k, v in rates) + ("," if len(rates) > 1 else "")
     return f"lower {lower} or raise --warmup{clip}"
-
-
-def fit_and_report(trainer: Trainer, out: Outputs, cfg: TrainConfig, folder: RunFolder, world: World, device: str,
-                   precision: str) -> int:
-    """Record the run (config.json), train to max_duration, write the report and the summary; the exit status."""
-    try:
-        write_run_info(trainer, cfg, folder, world, device, precision)
-        state = trainer.state
-        if state.timestamp.get(state.max_duration.unit) >= state.max_duration:
-            if world.rank == 0:
-                print(f"{cfg.run_name}: already trained for {state.max_duration} (checkpoint in "
-                      f"{folder.save_folder}); nothing to do. Raise --max_duration to train longer.", flush=True)
-            trainer.close()
-            if out.uploads is not None:
-                out.uploads.finish()
-            return 0
-        start_batch, start_tokens, t0 = int(state.timestamp.batch), int(state.timestamp.token), time.time()
-        if start_batch and world.rank == 0:
-            print(f"{cfg.run_name}: resuming from the checkpoint at batch {start_batch} ({start_tokens:,} tokens) "
-                  f"in {folder.save_folder}, training to {state.max_duration}", flush=True)
-        fit(trainer, folder)
-        finish(trainer, out, folder, world)
-        if out.preemption.stopped_at is not None:  # SIGTERM: the checkpoint of that batch is written (and uploaded)
-            out.preemption.finish()
-            if world.rank == 0:
-                print(f"{cfg.run_name}: stopped by SIGTERM after batch {out.preemption.stopped_at}, checkpoint saved "
-                      f"in {folder.save_folder} {out.preemption.seconds_since_notice():.1f} s after the notice "
-                      f"(grace: preemption_grace_s={cfg.preemption_grace_s:g} s); to continue, run the same command "
-                      f"with --autoresume=True (exit status {PREEMPTED})", flush=True)
-            return PREEMPTED
-    finally:
-        if out.uploads is not None:  # the local copies go, also when the run fails
-            out.uploads.shutdown()
-    if world.rank == 0:
-        print_summary(state, start_batch, start_tokens, time.time() - t0, out.metrics_log, folder)
-    return 0
-
-
-def run_info(cfg: TrainConfig, world_size: int, device: str, precision: str, data_mix: Optional[dict] = None) -> dict:
-    """What produced the run (config.json): the settings, the machine, the library versions, the commit; with a
-    data_mix, each component's realised share of an epoch (loaders.mix_shares)."""
-    import composer
-    import streaming
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
-                                cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        commit = None
-    return {"config": used_settings(cfg), "world_size": world_size, "device": device, "precision": precision,
-            "gpu": torch.cuda.get_device_name(0) if device == "gpu" else None, "git_commit": commit,
-            "python": platform.python_version(), "torch": torch.__version__, "composer": composer.__version__,
-            "streaming": streaming.__version__, "numpy": np.__version__, "host": platform.node(),
-            "started": time.strftime("%Y-%m-%d %H:%M:%S"), **({"data_mix": data_mix} if data_mix else {})}
-
-
-def write_run_info(trainer: Trainer, cfg: TrainConfig, folder: RunFolder, world: World, device: str,
-                   precision: str) -> None:
-    """config.json beside the checkpoints (rank 0), and every setting to the trackers (W&B, MLflow, TensorBoard)."""
-    if world.rank == 0:
-        path = os.path.join(folder.run_dir, CONFIG_JSON)
-        shares = mix_shares(cfg, trainer.state.train_dataloader.dataset)
-        info = run_info(cfg, world.size, device, precision, shares)
-        atomic_write_text(path, mask_secrets(json.dumps(info, indent=2)) + "\n")
-        if folder.remote:
-            trainer.logger.upload_file(folder.remote_name(CONFIG_JSON), path, overwrite=True)
-    trainer.logger.log_hyperparameters(used_settings(cfg))
-
-
-def fit(trainer: Trainer, folder: RunFolder) -> None:
-    """trainer.fit(); a lost S3 connection, a lost node or a full disk is one line, not a traceback."""
-    try:
-        trainer.fit()
-    except Exception as e:
-        if isinstance(e, UserError):
-            raise
-        if (full := failed_write(e, folder.run_dir if folder.remote else folder.save_folder)) is not None:
-            raise UserError(f"{full}: free space on that disk (or choose another --save_folder), then re-run "
-                            "with --autoresume=True: it continues from the last whole checkpoint") from None
-        if (line := cluster.lost_peer(e) or lost_connection(e, "to S3 during training")) is None:
-            raise
-        raise UserError(line) from None
-
-
-def finish(trainer: Trainer, out: Outputs, folder: RunFolder, world: World) -> None:
-    """Close the trainer, write report.md (what a person reads instead of the logs: report.py), and wait until
-    every checkpoint, model.pt, log and the report is in the bucket of an s3:// run."""
-    trainer.close()
-    if world.rank == 0 and write_report_or_say_why(folder.run_dir):
-        for name in (REPORT, PLOT) if out.uploads is not None else ():
-            out.uploads.upload_file_async(folder.remote_name(name), os.path.join(folder.run_dir, name), overwrite=True)
-    if out.uploads is not None:
-        out.uploads.finish()
-
-
-def write_report_or_say_why(run_dir: str) -> bool:
-    """report.md and loss.png (report.py); whether they were written. A report that cannot be written (a damaged
-    file in the run folder, a full disk) is one line: it never changes the run's outcome or exit status."""
-    try:
-        write_report(run_dir)
-        return True
-    except Exception as e:  # the checkpoints and model.pt are written already: the run itself succeeded
-        print(f"note: report.md not written ({one_line(e)}); the run's checkpoints are complete; `python report.py "
-              f"{run_dir}` writes it once that is fixed", flush=True)
-        return False
-
-
-def print_summary(state, start_batch: int, start_tokens: int, seconds: float, metrics_log: MetricsLog,
-                  folder: RunFolder) -> None:
-    """The run's last line: what it trained, how fast, its last losses and where its export is."""
-    batches, tokens = int(state.timestamp.batch) - start_batch, int(state.timestamp.token) - start_tokens
-    loss = state.total_loss_dict.get("loss/train/total", math.nan) if state.total_loss_dict else math.nan
-    last = metrics_log.last_eval
-    val = "".join(f", {k.replace('_', ' ')} {last[k]:.4f}" for k in ("val_loss", "val_bpb") if k in last)
-    resumed = f" (resumed at batch {start_batch})" if start_batch else ""
-    print(f"done: {batches} batches, {tokens:,} tokens in {seconds:.1f} s ({tokens / max(seconds, 1e-9):,.0f} "
-          f"tokens/s){resumed}; train loss {loss:.4f}{val}; export {os.path.join(folder.save_folder, EXPORT_NAME)}",
-          flush=True)
 
 
 if __name__ == "__main__":

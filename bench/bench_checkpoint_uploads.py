@@ -1,4 +1,4 @@
-"""Benchmark a training run's checkpoint uploads: train.py's thread uploader (pilegpt/train/run_uploads.py) against
+"""Benchmark a training run's checkpoint uploads: train.py's thread uploader (pilegpt/train/run/uploads.py) against
 Composer's own process-based RemoteUploader, with a local save_folder (no uploads) as the baseline, in the same run.
 
 Usage:

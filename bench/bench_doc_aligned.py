@@ -7,8 +7,8 @@ Usage:
 What it measures, on one .bin (a prepare_data.py folder's train.bin, or a synthetic one: 64M tokens in documents
 whose lengths follow a log-normal law, median ~670 tokens and a long tail, as the Pile's mix of short web pages and
 long books and code; ids are not real text, only their end-of-text marks matter here):
-- samples/s of pilegpt.train.bin_reader.BinDataset read in the training order (a keyed shuffle of every sample), with
-  and without doc_aligned, interleaved over --rounds, the best of each, and their ratio, each timed pass after an
+- samples/s of pilegpt.train.data.bin_reader.BinDataset read in the training order (a keyed shuffle of every sample),
+  with and without doc_aligned, interleaved over --rounds, the best of each, and their ratio, each timed pass after an
   untimed one over the same samples (the file's pages in memory: the reader's own cost, not the disk's): each
   aligned sample reads and packs its whole block (data.ALIGN_ROWS rows), a window one read of T+1 tokens;
 - what the rows hold: the share that start at a document's first token (windows: those that happen to), and the
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pilegpt.data import ALIGN_ROWS, Meta, pack_rows, write_token_files  # noqa: E402
 from pilegpt.tokenizer import EOT_ID  # noqa: E402
-from pilegpt.train.bin_reader import BinDataset, permute  # noqa: E402
+from pilegpt.train.data.bin_reader import BinDataset, permute  # noqa: E402
 
 
 def synthetic_bin(folder: Path, n_tokens: int, seed: int) -> Path:

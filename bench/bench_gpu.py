@@ -378,7 +378,7 @@ def bench_loader(setup: Setup, workers: int, batches: int) -> Row:
     import torch
 
     from pilegpt.train.config_load import load_config
-    from pilegpt.train.loaders import build_dataloaders
+    from pilegpt.train.data.loaders import build_dataloaders
 
     row = Row(f"loader, {workers} workers", note=f"build_dataloaders, {batches} batches of {setup.batch}, no model")
     t0 = time.monotonic()

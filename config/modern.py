@@ -20,7 +20,7 @@ qk_norm = True
 tie_embeddings = False
 logit_softcap = 0.0
 bias = False
-# Muon (pilegpt/train/muon.py) for the 2-D weights inside the blocks at muon_lr; AdamW keeps the size preset's
+# Muon (pilegpt/train/optim/muon.py) for the 2-D weights inside the blocks at muon_lr; AdamW keeps the size preset's
 # learning_rate for the norms and takes embedding_lr and head_lr (below) for the embedding and the head. The warmup
 # and cosine schedule scale every rate alike. The same rates at every width: on the size ladder, AdamW's scaled by
 # (128 / n_embd) ** 0.5 (lr_base_width=128, nanochat's rule) lost in both seeds at 192 and 256 wide

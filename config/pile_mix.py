@@ -7,11 +7,11 @@
 # "gutenberg_pg-19"), or else its letters and digits, case ignored ("PileCC" -> Pile-CC). Components absent from
 # the folder are left out: with repeat weights the others keep their epochs, so their shares of an epoch grow in
 # proportion (renormalised), and a line names the absent ones; two folders of one component are an error
-# (pilegpt.train.mix.repeat_mix_of_folders). monology/pile-uncopyrighted (prepare_data's default mirror) has no
+# (pilegpt.train.data.mix.repeat_mix_of_folders). monology/pile-uncopyrighted (prepare_data's default mirror) has no
 # Books3, BookCorpus2, OpenSubtitles or YoutubeSubtitles (docs/training.md#mixing-components).
 import os
 
-from pilegpt.train.mix import repeat_mix_of_folders
+from pilegpt.train.data.mix import repeat_mix_of_folders
 
 base = "pile.py"  # the model, batch and schedule of GPT-2 124M on the Pile
 

@@ -35,11 +35,7 @@ def run_main(main: Callable[[Optional[Sequence[str]]], int | None], argv: Option
     try:
         code = main(argv)
     except UserError as e:
-        message = str(e).strip()
-        if message.startswith("Caught UserError"):  # re-raised by a DataLoader worker, with its traceback
-            message = message.splitlines()[-1].partition(": ")[2]  # the last line: "common.UserError: ..."
-        print(f"error: {mask_secrets(message)}", file=sys.stderr)
-        sys.exit(2)
+        refuse(e)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
@@ -53,6 +49,15 @@ def run_main(main: Callable[[Optional[Sequence[str]]], int | None], argv: Option
         print("interrupted", file=sys.stderr)  # Ctrl-C landed inside a write, which then failed in its own way
         sys.exit(130)
     sys.exit(code or 0)
+
+
+def refuse(e: UserError) -> None:
+    """A user's mistake: its one line, 'error: ...', on stderr (secrets masked), and exit status 2."""
+    message = str(e).strip()
+    if message.startswith("Caught UserError"):  # re-raised by a DataLoader worker, with its traceback
+        message = message.splitlines()[-1].partition(": ")[2]  # the last line: "common.UserError: ..."
+    print(f"error: {mask_secrets(message)}", file=sys.stderr)
+    sys.exit(2)
 
 
 def interrupted(e: Optional[BaseException]) -> bool:

@@ -49,7 +49,7 @@ def checkpoint_saver_uploads_through(uploader: Any) -> Iterator[None]:
     of Composer's process-based RemoteUploader.
 
     Private: composer.callbacks.checkpoint_saver looks the class up by the module-level name `RemoteUploader`
-    when the saver is built; the Trainer has no argument for the uploader (pilegpt/train/run_uploads.py says why
+    when the saver is built; the Trainer has no argument for the uploader (pilegpt/train/run/uploads.py says why
     ours is needed).
     """
     from composer.callbacks import checkpoint_saver

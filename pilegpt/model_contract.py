@@ -1,5 +1,5 @@
 """The contract every model meets, model.py's GPT included: a torch.nn.Module whose `forward(idx, targets=None)`
-returns `(logits, loss)` (optional: hidden_matrices() for Muon, optim_groups(), flops_per_token()), checked at the
+returns `(logits, loss)` (optional: hidden_matrices() for Muon, optim_groups(), param_parts(), flops_per_token()), checked at the
 run's block_size; and your own model by import path, named "package.module:Class" with its constructor's keyword
 arguments, trained, saved and sampled like model.py's GPT. The class is imported only where the user names it
 (train.py's model_class, sample.py's and eval.py's --model-class), never because a file records it. Details:
@@ -17,9 +17,11 @@ import torch.nn as nn
 
 from pilegpt.common import UserError, one_line
 
-# Optional methods, used when the module has them: optim_groups(weight_decay) (else weight decay on the dim >= 2
-# parameters), flops_per_token() (else no MFU), generate(idx, max_new_tokens, temperature, top_k) (else
-# generate_tokens' loop over forward). The context length is `block_size` or `config.block_size`, when there is one.
+# Optional methods, used when the module has them: optim_groups(weight_decay) (AdamW's groups; else weight decay on
+# the dim >= 2 parameters: pilegpt/train/optim/groups.py), param_parts() (which parameters are the embedding tables
+# and the head, for embedding_lr and head_lr), flops_per_token() (else no MFU), generate(idx, max_new_tokens,
+# temperature, top_k) (else generate_tokens' loop over forward). The context length is `block_size` or
+# `config.block_size`, when there is one.
 
 
 class ModelSpec(NamedTuple):
@@ -119,15 +121,6 @@ def stated(module: nn.Module, name: str) -> Optional[int]:
 def context_length(module: nn.Module) -> Optional[int]:
     """The most tokens the model reads at once (`block_size`, or `config.block_size`); None when it states none."""
     return stated(module, "block_size")
-
-
-def optim_groups(module: nn.Module, weight_decay: float) -> list[dict]:
-    """The module's own optim_groups(weight_decay), else AdamW's two groups: decay on dim >= 2, none on the rest."""
-    if hasattr(module, "optim_groups"):
-        return module.optim_groups(weight_decay)
-    params = [p for p in module.parameters() if p.requires_grad]
-    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
 
 
 def flops_per_token(module: nn.Module) -> Optional[int]:

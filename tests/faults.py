@@ -53,7 +53,7 @@ class SlowPreemptionCheckpoint(Callback):
         self.marker, self.seconds = Path(marker), seconds
 
     def fit_start(self, state: State, logger: Logger) -> None:
-        from pilegpt.train.preemption import StopOnSignal
+        from pilegpt.train.run.preemption import StopOnSignal
 
         stopper = next(c for c in state.callbacks if isinstance(c, StopOnSignal))
         real_save = torch.save

@@ -948,3 +948,15 @@ def offline_hf_export(folder: Path, monkeypatch, seed: int, block_size: int) -> 
                 folder / "model.pt")
     export_hf.main([str(folder / "model.pt"), str(folder / "hf")])
     return folder / "hf"
+
+
+def param_groups(model, optimizer: str = "adamw", weight_decay: float = 0.1, muon_lr: float = 0.02,
+                 adamw_lr: float = 6e-4, **settings) -> list:
+    """pilegpt/train/optim/groups.py's parameter groups for `model` under these settings (a TrainConfig made for them,
+    min_lr 0 so that any adamw_lr is one)."""
+    from pilegpt.train.config import TrainConfig
+    from pilegpt.train.optim import groups
+
+    cfg = TrainConfig(data_dir="d", optimizer=optimizer, weight_decay=weight_decay, muon_lr=muon_lr,
+                      learning_rate=adamw_lr, min_lr=0.0, **settings)
+    return groups.param_groups(model, cfg)

@@ -19,10 +19,10 @@ CUSTOM_MODEL_FIELDS = ("model_class", "model_args")  # your own model instead of
 # settings that shape nothing of a model_class
 GPT_ONLY_FIELDS = ("n_layer", "n_head", "n_embd", "bias", *ARCH_FIELDS, "dropout", "zero_init_proj")
 MAX_LR = 1e6  # the largest learning rate of any kind a run accepts
-PART_RATES = ("embedding_lr", "head_lr")  # AdamW's rates for parts of the GPT: pilegpt/train/part_rates.py
+PART_RATES = ("embedding_lr", "head_lr")  # AdamW's rates for parts of the GPT: pilegpt/train/optim/groups.py
 # Muon's options, one entry each: the setting -> (Muon's constructor argument and group key, the value a checkpoint
 # from before that key ran with; None: the key is as old as Muon). build_muon, the autoresume check
-# (optim_settings.py) and the "unused with optimizer='adamw'" note all read this table.
+# (optim/on_resume.py) and the "unused with optimizer='adamw'" note all read this table.
 MUON_OPTIONS = {"muon_momentum": ("momentum", None), "muon_momentum_warmup": ("momentum_warmup", 0),
                 "muon_cautious_wd": ("cautious_wd", False), "muon_normuon": ("normuon", False),
                 "muon_polar_express": ("polar_express", False)}
@@ -195,7 +195,7 @@ class TrainConfig:
         if self.data_format not in ("auto", "bin", "mds"):
             errors.append(f"data_format must be 'auto', 'bin' or 'mds', got {self.data_format!r}")
         if self.data_mix:
-            from pilegpt.train.mix import check_mix, component_name, plain_weights
+            from pilegpt.train.data.mix import check_mix, component_name, plain_weights
 
             errors += check_mix(self.data_mix)
             self.data_mix = self.data_mix if errors else plain_weights(self.data_mix)
@@ -291,7 +291,7 @@ class TrainConfig:
         """The schedule's kind, and the four Composer time strings, a warmup in max_duration's unit."""
         from composer.core import Time, TimeUnit
 
-        from pilegpt.train.schedule import SCHEDULES
+        from pilegpt.train.optim.schedule import SCHEDULES
 
         errors, units = [], {}
         if self.lr_schedule not in SCHEDULES:
@@ -404,6 +404,16 @@ class TrainConfig:
         from model import GPTConfig
 
         return GPTConfig(**{name: getattr(self, name) for name in SHAPE_FIELDS}, dropout=self.dropout)
+
+    def initial_gpt(self):
+        """model.py's GPT in this shape with a run's initial weights, drawn from torch's generator as the caller seeded
+        it (zero_init_proj: the blocks' output projections at 0); train.py and the plain loop both start here."""
+        from model import GPT
+
+        model = GPT(self.model_config())
+        if self.zero_init_proj:
+            model.zero_output_projections()
+        return model
 
     def per_rank_batch(self, world_size: int) -> int:
         """Sequences per process and step. One global batch must split evenly over the processes and into

@@ -164,6 +164,18 @@ def make_config(values: dict[str, Any], source=None) -> TrainConfig:
         raise UserError(f"bad config: {e}") from None
 
 
+def check_settings(argv: Sequence[str]) -> None:
+    """The settings' own refusals (an unknown key, an ill-typed value, a rule between settings), for train.py to give
+    before it imports torch and Composer: a mistyped setting costs a second, not the ten that those imports take.
+    A run from init_from's weights is checked for its keys and types only (its shape comes from the weights)."""
+    from pilegpt.common import load_dotenv_file
+
+    load_dotenv_file()  # the config files may read paths and S3 settings from the environment
+    values = config_values(argv)
+    if values.get("init_from", "scratch") == "scratch":
+        make_config(values)
+
+
 def config_values(argv: Sequence[str]) -> dict[str, Any]:
     """The settings that config files and --key=value arguments give (checked and typed; later wins)."""
     types_ = field_types()

@@ -255,7 +255,7 @@ def test_two_runs_on_one_mds_dataset_with_one_data_local_is_one_line_naming_data
     """Another run on this machine reads the dataset through the default cache: this one is one line naming
     data_local (not Streaming's advice to clean shared memory that other runs hold); with a data_local of its own
     it trains beside it."""
-    from pilegpt.train.loaders import mds_cache_dir
+    from pilegpt.train.data.loaders import mds_cache_dir
 
     root = write_mds_splits(tmp_path / "mds", np.random.default_rng(8).integers(0, 50257, 20_000).astype(np.uint16))
     cache = tmp_path / "cache"

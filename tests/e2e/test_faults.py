@@ -30,7 +30,7 @@ from helpers import (
     train_output,
     wait_until,
 )
-from pilegpt.train.resume import is_whole_checkpoint
+from pilegpt.train.run.resume import is_whole_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 ARGS = [*SMALL, "--device=cpu", "--sample_length=8", "--eval_interval=3ba", "--eval_subset_num_batches=1",

@@ -1,4 +1,4 @@
-"""pilegpt/train/lock.py on the loopback S3 server: an s3:// save_folder is held as a local one is (those:
+"""pilegpt/train/run/lock.py on the loopback S3 server: an s3:// save_folder is held as a local one is (those:
 tests/unit/test_lock.py)."""
 
 import json
@@ -6,7 +6,7 @@ import json
 import pytest
 
 from pilegpt.common import UserError
-from pilegpt.train import lock
+from pilegpt.train.run import lock
 
 
 def test_an_s3_save_folder_is_held_the_same_way(s3_env):

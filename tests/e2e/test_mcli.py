@@ -41,7 +41,7 @@ from helpers import (
     succeeded,
 )
 from pilegpt.tokenizer import gpt2
-from pilegpt.train.loaders import mds_cache_dir
+from pilegpt.train.data.loaders import mds_cache_dir
 
 pytest.importorskip("mcli", reason="mosaicml-cli is a dev requirement (pip install -r requirements-dev.txt)")
 

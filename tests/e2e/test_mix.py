@@ -100,7 +100,7 @@ def test_a_mixed_run_resumes_loss_for_loss_after_a_kill_and_on_two_processes(mix
 
 def test_an_mds_mix_takes_streamings_counts(tmp_path):
     from pilegpt.train.config_load import load_config
-    from pilegpt.train.loaders import build_dataloaders, mix_shares
+    from pilegpt.train.data.loaders import build_dataloaders, mix_shares
 
     write_mds_splits(tmp_path / "a", np.arange(6_401, dtype=np.uint16) % 1000)  # 179 train samples of 32
     write_mds_splits(tmp_path / "b", 1000 + np.arange(3_401, dtype=np.uint16) % 1000)  # 95

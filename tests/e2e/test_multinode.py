@@ -38,7 +38,7 @@ from helpers import (
     write_bin,
     write_mds,
 )
-from pilegpt.train.preemption import PREEMPTED
+from pilegpt.train.run.preemption import PREEMPTED
 
 LOST_NODE_BOUND_S = 60  # node 0 stops this soon after node 1 is gone (gloo sees the closed connection at once)
 SLOW = "--callbacks={'faults:SlowBatches': {'seconds': 0.3}}"  # tests/faults.py: time to act mid-run

@@ -37,8 +37,8 @@ from helpers import (
     wait_until,
 )
 from pilegpt.checkpoint import LATEST_CHECKPOINT, load_model_file
-from pilegpt.train.preemption import PREEMPTED, REPEAT_S
-from pilegpt.train.resume import is_whole_checkpoint, set_aside_broken_checkpoints
+from pilegpt.train.run.preemption import PREEMPTED, REPEAT_S
+from pilegpt.train.run.resume import is_whole_checkpoint, set_aside_broken_checkpoints
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 ARGS = [*SMALL, "--device=cpu", "--sample_length=0", "--eval_interval=3ba", "--eval_subset_num_batches=1",

@@ -1,8 +1,11 @@
 """train.py's learning rates. lr_schedule="wsd" (warmup, the peak, a linear warmdown to min_lr;
-pilegpt/train/schedule.py): the rate of every batch is the formula's for AdamW's and Muon's groups alike, the plain
-reference loop gives train.py's losses, and a schedule changed on autoresume applies from the checkpoint's batch on.
+pilegpt/train/optim/schedule.py): the rate of every batch is the formula's for AdamW's and Muon's groups alike, the
+plain reference loop gives train.py's losses, and a schedule changed on autoresume applies from the checkpoint's
+batch on.
 lr_base_width (the width rule): AdamW's whole curve x (base / n_embd) ** 0.5, Muon's as set, the same in the plain
 loop, nothing changed at the base width, a bad value one line, and the rule set on autoresume applied from there."""
+
+import math
 
 import numpy as np
 import pytest
@@ -69,7 +72,8 @@ def test_lr_base_width_scales_adamws_rates_by_the_width_rule_and_leaves_muons(sh
             "x (8/32)**0.5 = 0.5: 0.0015 and 0.00015; Muon's muon_lr=0.02 as set") in capsys.readouterr().out
     cfg = load_config(args)
     # SMALL's n_embd=32 against a base of 8: AdamW's whole curve x 0.5; Muon's as without the rule
-    curve = [plain_loop.learning_rate(cfg, b - 1, 6, 2) for b in range(1, 7)]
+    # learning_rate's cosine with 2 batches of warmup over 6 (min_lr 3e-4), batch b at lr(b - 1)
+    curve = [3e-3 * t / 2 if t < 2 else 3e-4 + 2.7e-3 * 0.5 * (1 + math.cos(math.pi * (t - 2) / 4)) for t in range(6)]
     lr, muon_lr = rates(run_dir), rates(run_dir, "muon_lr")
     assert [round(lr[b], 10) for b in range(1, 7)] == [round(0.5 * c, 10) for c in curve]
     assert lr[3] == pytest.approx(1.5e-3) and lr[6] > 1.5e-4

@@ -34,7 +34,7 @@ from helpers import (
     tokenize,
     write_bin,
 )
-from pilegpt.train.loaders import mds_cache_dir
+from pilegpt.train.data.loaders import mds_cache_dir
 
 GOLDEN = REPO / "tests" / "golden" / "tiny_losses.json"
 GOLDEN_TOKENS = 40_000  # of tiny Shakespeare, 90% train / 10% val
@@ -145,7 +145,7 @@ def test_doc_aligned_bin_training_reads_packed_rows_and_resumes_them_exactly(tmp
     to_mds.py --sampling doc_aligned trains on the same rows."""
     from pilegpt.common import UserError
     from pilegpt.data import num_aligned_rows, write_token_files
-    from pilegpt.train.bin_reader import BinDataset
+    from pilegpt.train.data.bin_reader import BinDataset
 
     docs = [np.r_[tokenize(d), 50256] for d in shakespeare_docs(600)]  # speeches: ~50 tokens, rows of 33
     tokens = np.concatenate(docs).astype(np.uint16)

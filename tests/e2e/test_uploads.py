@@ -7,7 +7,7 @@ import os
 import pytest
 
 from pilegpt.common import UserError
-from pilegpt.train.run_uploads import S3Uploads, checkpoint_uploads
+from pilegpt.train.run.uploads import S3Uploads, checkpoint_uploads
 
 
 def test_composers_checkpoint_saver_uploads_through_it(s3_env):
@@ -61,7 +61,7 @@ def test_an_existing_checkpoint_is_never_replaced_and_is_the_one_error_reported(
 
 
 def test_autoresume_points_latest_at_the_newest_checkpoint_the_pointer_upload_missed(s3_env):
-    from pilegpt.train.resume import set_aside_broken_checkpoints
+    from pilegpt.train.run.resume import set_aside_broken_checkpoints
 
     client, bucket = s3_env.client(), s3_env.bucket
     assert set_aside_broken_checkpoints(f"s3://{bucket}/runs/p") is None  # nothing there yet

@@ -11,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import train
-from helpers import main_error
+from helpers import main_error, param_groups
 from pilegpt import model_contract
 from pilegpt.checkpoint import load_model_file, save_export
 from pilegpt.common import UserError
@@ -120,7 +120,7 @@ def test_the_wrapper_trains_a_custom_module_with_the_default_groups_and_no_mfu(t
     logits, loss = model(batch)
     assert logits.shape == (2, 8, 16) and model.loss((logits, loss), batch) is loss
     assert torch.allclose(loss, F.cross_entropy(logits.flatten(0, 1), batch["y"].flatten()))
-    decay, no_decay = model.optim_groups(0.1)
+    decay, no_decay = param_groups(model.model, weight_decay=0.1)
     assert [p.shape for p in decay["params"]] == [(16, 16)] and decay["weight_decay"] == 0.1
     assert [p.shape for p in no_decay["params"]] == [(16,)] and no_decay["weight_decay"] == 0.0
     assert not hasattr(model, "flops_per_batch")  # SpeedMonitor then reports no FLOPs and no MFU
@@ -131,7 +131,7 @@ def test_the_wrapper_uses_a_custom_modules_own_groups_and_flops(toy):
     spec = ModelSpec("toy:CountedLM", {})
     model = train.ComposerGPT(train.GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=16),
                               module=model_contract.build(spec), spec=spec)
-    assert [g["weight_decay"] for g in model.optim_groups(0.1)] == [0.5]
+    assert [g["weight_decay"] for g in param_groups(model.model, weight_decay=0.1)] == [0.5]
     assert model.flops_per_batch({"x": torch.zeros((3, 8), dtype=torch.long)}) == 3 * 8 * 1000
     gpt = train.ComposerGPT(train.GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=16))
     assert gpt.flops_per_batch({"x": torch.zeros((1, 8), dtype=torch.long)}) == 8 * gpt.model.flops_per_token()

@@ -12,7 +12,7 @@ from helpers import SMALL, write_mds_splits
 from pilegpt import data
 from pilegpt.common import UserError
 from pilegpt.data import Meta, read_windows, window_starts, write_token_files
-from pilegpt.train.bin_reader import BinDataset, permute, resumable_sampler
+from pilegpt.train.data.bin_reader import BinDataset, permute, resumable_sampler
 
 TRAIN = [*SMALL, "--device=cpu", "--sample_length=0", "--max_duration=2ba", "--eval_interval=2ba",
          "--eval_subset_num_batches=1", "--progress_bar=False"]
@@ -167,7 +167,7 @@ def torch_equal(a, b) -> bool:
 def test_doc_aligned_on_mds_needs_rows_to_mds_aligned_and_a_bin_run_records_it(tmp_path):
     from types import SimpleNamespace
 
-    from pilegpt.train import data_record
+    from pilegpt.train.run import data_record
 
     write_mds_splits(tmp_path / "mds", np.arange(2000, dtype=np.uint16))
     with pytest.raises(UserError, match=r"^doc_aligned=True, but .*mds/train holds to_mds.py's samples as written "
@@ -205,7 +205,7 @@ def test_a_shard_name_reaching_outside_its_folder_makes_the_index_unreadable(nam
 
 
 def test_a_checksum_failure_never_deletes_a_file_outside_the_cache(tmp_path):
-    from pilegpt.train.mds_reader import describe_read_failure
+    from pilegpt.train.data.mds_reader import describe_read_failure
 
     cache, victim = tmp_path / "cache" / "mds" / "train", tmp_path / "precious.txt"
     cache.mkdir(parents=True)
@@ -224,7 +224,7 @@ def test_the_mds_sample_order_is_the_runs_on_any_number_of_nodes_that_can_keep_i
     a node count that cannot keep it, or a config that contradicts it, is one line."""
     from types import SimpleNamespace
 
-    from pilegpt.train import data_record
+    from pilegpt.train.run import data_record
 
     unset, four = SimpleNamespace(num_canonical_nodes=None), SimpleNamespace(num_canonical_nodes=4)
     assert data_record.canonical_nodes(unset, None, 2) == 2 and data_record.canonical_nodes(four, None, 2) == 4

@@ -14,7 +14,7 @@ import torch
 from composer.core import Callback
 
 import train
-from helpers import SMALL, main_error, write_bin
+from helpers import SMALL, main_error, param_groups, write_bin
 from pilegpt.common import UserError
 from pilegpt.train import config_load as train_config
 from pilegpt.train import extensions
@@ -79,9 +79,9 @@ def test_gradient_clipping_adds_to_grad_clip_only_when_grad_clip_is_off():
 def test_the_default_run_clips_by_grad_clip_and_adds_nothing():
     # What the golden losses depend on: one norm clipping at grad_clip, no other algorithm, no other callback.
     model = train.ComposerGPT(train.GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=256))
-    [clip] = train.build_optimizer(config(), model, "cpu", "fp32").algorithms  # built beside the optimizer
+    [clip] = train.build_optimization(config(), model, "cpu", "fp32").algorithms  # built beside the optimizer
     assert (type(clip).__name__, clip.clipping_type, clip.clipping_threshold) == ("GradientClipping", "norm", 1.0)
-    assert train.build_optimizer(config("--grad_clip=0"), model, "cpu", "fp32").algorithms == []
+    assert train.build_optimization(config("--grad_clip=0"), model, "cpu", "fp32").algorithms == []
     assert extensions.build_algorithms(config(), "cpu", "fp32") == []
     assert extensions.build_callbacks({}, "cpu", {"train": ["LanguageCrossEntropy"]}) == []
 
@@ -144,7 +144,7 @@ def fit(algorithms: list, callbacks: list = (), batches: int = 4, save_folder=No
     model = train.ComposerGPT(train.GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=256))
     loader = torch.utils.data.DataLoader(Tokens(), batch_size=4, drop_last=True)
     trainer = Trainer(model=model, train_dataloader=DataSpec(loader, get_num_tokens_in_batch=lambda b: b["x"].numel()),
-                      max_duration=f"{batches}ba", optimizers=torch.optim.AdamW(model.model.optim_groups(0.1), lr=1e-2),
+                      max_duration=f"{batches}ba", optimizers=torch.optim.AdamW(param_groups(model.model), lr=1e-2),
                       schedulers=CosineAnnealingWithWarmupScheduler(t_warmup="1ba", alpha_f=0.1),
                       algorithms=algorithms, callbacks=list(callbacks), device="cpu", progress_bar=False,
                       log_to_console=False, seed=1, save_folder=save_folder)
@@ -180,7 +180,7 @@ def test_low_precision_layernorm_replaces_every_layernorm_and_runs_in_bf16(one_t
 
     model = train.ComposerGPT(train.GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=256))
     keys = set(model.state_dict())
-    optimizer = torch.optim.AdamW(model.model.optim_groups(0.1), lr=1e-3)
+    optimizer = torch.optim.AdamW(param_groups(model.model), lr=1e-3)
     lpln.apply_low_precision_layernorm(model, Precision.AMP_BF16, optimizer)
     assert sum(isinstance(m, lpln.LPLayerNorm) for m in model.modules()) == 2 * 2 + 1  # ln_1, ln_2 per block; ln_f
     assert set(model.state_dict()) == keys  # the same parameter names: model.pt and sample.py are unaffected

@@ -63,6 +63,24 @@ def test_the_library_has_no_import_cycle():
     assert not import_cycles(graph), import_cycles(graph)
 
 
+def test_train_s_parts_are_grouped_and_their_imports_run_one_way():
+    """pilegpt/train/ keeps a dozen modules at most at its top; data/ and optim/ read the settings and their own folder
+    only, run/ never the optimizer, and no part reads plain_loop.py (docs/layout.md)."""
+    train = REPO / "pilegpt" / "train"
+    assert len([p for p in train.iterdir() if p.suffix == ".py" and p.name != "__init__.py" or (
+        p.is_dir() and (p / "__init__.py").exists())]) <= 12
+    modules = {module_name(p) for p in train.rglob("*.py")}
+    own = lambda name, folder: name == folder or name.startswith(folder + ".")
+    for path in train.rglob("*.py"):
+        name, imported = module_name(path), imports_of(path, modules)
+        folder = next((f"pilegpt.train.{f}" for f in ("data", "optim", "run") if own(name, f"pilegpt.train.{f}")), "")
+        if folder.endswith(("data", "optim")):
+            assert all(own(m, folder) or m == "pilegpt.train.config" for m in imported), (name, imported)
+        elif folder:
+            assert not any(own(m, "pilegpt.train.optim") for m in imported), (name, imported)
+        assert "pilegpt.train.plain_loop" not in imported or name == "pilegpt.train.plain_loop", name
+
+
 def test_an_import_cycle_through_a_subpackage_is_found():
     graph = {"pilegpt.mds.write": {"pilegpt.data"}, "pilegpt.data": {"pilegpt.mds.verify"},
              "pilegpt.mds.verify": {"pilegpt.mds.write"}, "pilegpt.common": set()}

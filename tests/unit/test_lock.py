@@ -1,4 +1,4 @@
-"""pilegpt/train/lock.py: a run holds its save_folder; a second run is refused naming the holder, a dead run's lock
+"""pilegpt/train/run/lock.py: a run holds its save_folder; a second run is refused naming the holder, a dead run's lock
 is taken over (this machine: its process is gone; another machine: its heartbeat stood still). An s3://
 save_folder: tests/e2e/test_lock.py."""
 
@@ -12,7 +12,7 @@ import pytest
 
 from pilegpt import storage
 from pilegpt.common import UserError
-from pilegpt.train import lock
+from pilegpt.train.run import lock
 
 
 def dead_pid() -> int:

@@ -7,10 +7,10 @@ import pytest
 
 from helpers import write_bin
 from pilegpt.common import UserError
-from pilegpt.train.bin_reader import BinDataset, MixedBins, MixedOrder, resumable_sampler
 from pilegpt.train.config_load import load_config
-from pilegpt.train.loaders import mix_shares
-from pilegpt.train.mix import check_mix, component_name, sample_counts
+from pilegpt.train.data.bin_reader import BinDataset, MixedBins, MixedOrder, resumable_sampler
+from pilegpt.train.data.loaders import mix_shares
+from pilegpt.train.data.mix import check_mix, component_name, sample_counts
 
 
 def test_sample_counts_follow_streamings_rules():
@@ -149,7 +149,7 @@ def test_nan_numpy_bools_and_numpy_non_integers_are_errors(weight, message):
 
 
 def test_an_epoch_beyond_2_48_samples_or_a_root_without_a_sample_is_refused():
-    from pilegpt.train.mix import check_epoch
+    from pilegpt.train.data.mix import check_epoch
 
     with pytest.raises(UserError, match=r"^data_mix: its weights give an epoch of 1\.41e\+15 samples, more than "):
         check_epoch({"a": {"repeat": 2.0 ** 47}, "b": {"repeat": 1.0}}, [10, 10])

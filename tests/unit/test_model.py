@@ -5,7 +5,7 @@ import pickle
 import pytest
 import torch
 
-from helpers import TINY_GPT, tiny_gpt
+from helpers import TINY_GPT, param_groups, tiny_gpt
 from model import GPT, GPTConfig
 from pilegpt.checkpoint import EXPORT_FORMAT, load_model, load_model_file, save_export
 from pilegpt.common import UserError
@@ -99,7 +99,7 @@ def test_gpt2_124m_parameter_count():
 
 def test_optim_groups_cover_each_parameter_once_and_decay_only_matrices():
     model = tiny_gpt()
-    groups = model.optim_groups(weight_decay=0.1)
+    groups = param_groups(model, weight_decay=0.1)
     assert [g["weight_decay"] for g in groups] == [0.1, 0.0]
     ids = [id(p) for g in groups for p in g["params"]]
     assert len(ids) == len(set(ids))  # no parameter twice (the tied matrix once)
@@ -117,7 +117,7 @@ def test_tiny_model_overfits_one_batch():
     torch.manual_seed(1)
     x = torch.randint(0, 64, (4, 16))
     y = torch.roll(x, -1, dims=1)
-    opt = torch.optim.AdamW(model.optim_groups(0.0), lr=3e-3)
+    opt = torch.optim.AdamW(param_groups(model, weight_decay=0.0), lr=3e-3)
     first = None
     for _ in range(150):
         _, loss = model(x, targets=y)

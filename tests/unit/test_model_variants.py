@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import TINY_GPT, tiny_gpt
+from helpers import TINY_GPT, param_groups, tiny_gpt
 from model import GPT, CausalSelfAttention, GPTConfig, RMSNorm, apply_rope, rope_tables, swiglu_hidden
 from pilegpt.checkpoint import load_model_file, save_export
 
@@ -192,7 +192,7 @@ def test_a_variant_learns_and_its_export_rebuilds_it(tmp_path, overrides):
     torch.manual_seed(1)
     x = torch.randint(0, 64, (4, 16))
     y = torch.roll(x, -1, dims=1)
-    opt = torch.optim.AdamW(model.optim_groups(0.0), lr=3e-3)
+    opt = torch.optim.AdamW(param_groups(model, weight_decay=0.0), lr=3e-3)
     losses = []
     for _ in range(60):
         _, loss = model(x, targets=y)

@@ -1,4 +1,4 @@
-"""pilegpt/train/muon.py: the Newton-Schulz orthogonalisation against its scalar formula, the parameter groups,
+"""pilegpt/train/optim/muon.py: the Newton-Schulz orthogonalisation against its scalar formula, the parameter groups,
 AdamW's groups equal to torch.optim.AdamW, the state_dict round trip, the schedule over groups of different lrs,
 learning, and the refusals (train runs with Muon: tests/e2e/test_muon.py)."""
 
@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch import nn
 
-from helpers import REPO, tiny_gpt
+from helpers import REPO, param_groups, tiny_gpt
 from pilegpt.common import UserError
 from pilegpt.train import config_load as train_config
-from pilegpt.train.muon import NS_COEFFS, NS_STEPS, Muon, muon_groups, orthogonalize
+from pilegpt.train.optim.muon import NS_COEFFS, NS_STEPS, Muon, orthogonalize
 
 DATA = ["--data_dir=data/x"]
 
@@ -70,7 +70,7 @@ def test_orthogonalisation_is_deterministic_and_keeps_dtype_and_shape():
 
 def test_every_parameter_is_in_exactly_one_group_and_muon_has_the_hidden_matrices():
     model = tiny_gpt()
-    muon, decay, no_decay = muon_groups(model, 0.1, muon_lr=0.02, adamw_lr=6e-4)
+    muon, decay, no_decay = param_groups(model, "muon", 0.1, muon_lr=0.02, adamw_lr=6e-4)
     names = {id(p): n for n, p in model.named_parameters()}
     assert sorted(names[id(p)] for p in muon["params"]) == sorted(
         f"transformer.h.{i}.{m}.weight" for i in range(2) for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc",
@@ -93,8 +93,8 @@ def fake_grads(params, seed: int) -> None:
 @pytest.mark.parametrize("fused", [True, False])  # True: Muon's default, on CPU as on GPU
 def test_the_adamw_groups_step_exactly_as_torch_adamw(fused):
     ours, theirs = tiny_gpt(), tiny_gpt()
-    opt = Muon(muon_groups(ours, 0.1, 0.02, 1e-3), momentum=0.95, betas=(0.9, 0.95), fused=fused)
-    reference = torch.optim.AdamW(theirs.optim_groups(0.1), lr=1e-3, betas=(0.9, 0.95), fused=fused)
+    opt = Muon(param_groups(ours, "muon", 0.1, 0.02, 1e-3), momentum=0.95, betas=(0.9, 0.95), fused=fused)
+    reference = torch.optim.AdamW(param_groups(theirs, weight_decay=0.1), lr=1e-3, betas=(0.9, 0.95), fused=fused)
     hidden = {id(p) for p in theirs.hidden_matrices()}
     for step in range(4):
         fake_grads(ours.parameters(), step)
@@ -113,14 +113,14 @@ def test_the_adamw_groups_step_exactly_as_torch_adamw(fused):
 
 def test_a_state_dict_round_trip_gives_identical_next_steps():
     model = tiny_gpt()
-    opt = Muon(muon_groups(model, 0.1, 0.02, 1e-3), momentum=0.95)
+    opt = Muon(param_groups(model, "muon", 0.1, 0.02, 1e-3), momentum=0.95)
     for step in range(3):
         fake_grads(model.parameters(), step)
         opt.step()
     buffer = io.BytesIO()
     torch.save(opt.state_dict(), buffer)  # as a checkpoint: read back weights-only
     restored_model = copy.deepcopy(model)
-    restored = Muon(muon_groups(restored_model, 0.1, 0.02, 1e-3), momentum=0.95)
+    restored = Muon(param_groups(restored_model, "muon", 0.1, 0.02, 1e-3), momentum=0.95)
     restored.load_state_dict(torch.load(io.BytesIO(buffer.getvalue()), weights_only=True))
     assert [g["muon"] for g in restored.param_groups] == [True, False, False]
     for seed in (10, 11):
@@ -143,7 +143,7 @@ def test_the_update_is_scaled_by_the_shape_and_decayed_decoupled():
 
 def test_a_tiny_gpt_learns_with_muon():
     model = tiny_gpt()
-    opt = Muon(muon_groups(model, 0.0, 0.02, 3e-3), momentum=0.95)
+    opt = Muon(param_groups(model, "muon", 0.0, 0.02, 3e-3), momentum=0.95)
     gen = torch.Generator().manual_seed(0)
     x = torch.randint(0, 64, (8, 16), generator=gen)
     losses = []
@@ -164,7 +164,7 @@ def test_the_schedule_scales_every_group_by_the_same_factor():
     from composer.optim.scheduler import compile_composer_scheduler
 
     model = tiny_gpt()
-    opt = Muon(muon_groups(model, 0.1, 0.02, 6e-4))
+    opt = Muon(param_groups(model, "muon", 0.1, 0.02, 6e-4))
     state = State(model=model, rank_zero_seed=0, run_name="x", device=DeviceCPU(), max_duration="10ba",
                   optimizers=opt)
     scheduler = compile_composer_scheduler(CosineAnnealingWithWarmupScheduler(t_warmup="2ba", alpha_f=0.1), state)
@@ -179,7 +179,7 @@ def test_the_schedule_scales_every_group_by_the_same_factor():
 
 def test_a_model_without_hidden_matrices_is_one_line():
     with pytest.raises(UserError, match=r"optimizer='muon' needs Linear\.hidden_matrices\(\)"):
-        muon_groups(nn.Linear(4, 4), 0.1, 0.02, 1e-3)
+        param_groups(nn.Linear(4, 4), "muon", 0.1, 0.02, 1e-3)
 
 
 def test_muon_settings_are_checked_and_fsdp_is_refused():
@@ -202,11 +202,11 @@ def test_on_resume_the_runs_settings_replace_those_a_checkpoint_restores():
     from composer.optim import CosineAnnealingWithWarmupScheduler
     from composer.optim.scheduler import compile_composer_scheduler
 
-    from pilegpt.train.optim_settings import apply_group_settings, group_settings
+    from pilegpt.train.optim.on_resume import apply_group_settings, group_settings
 
     def optimizer_and_schedule(muon_lr: float, adamw_lr: float, weight_decay: float, momentum: float):
         model = tiny_gpt()
-        opt = Muon(muon_groups(model, weight_decay, muon_lr, adamw_lr), momentum=momentum)
+        opt = Muon(param_groups(model, "muon", weight_decay, muon_lr, adamw_lr), momentum=momentum)
         built = group_settings(opt)
         state = State(model=model, rank_zero_seed=0, run_name="x", device=DeviceCPU(), max_duration="10ba",
                       optimizers=opt)
@@ -280,7 +280,7 @@ def test_cautious_weight_decay_decays_only_where_the_update_pulls_towards_0():
 
 
 def test_the_new_muon_settings_are_checked_and_a_change_on_resume_is_said():
-    from pilegpt.train.optim_settings import setting_changes
+    from pilegpt.train.optim.on_resume import setting_changes
 
     cfg = train_config.load_config([*DATA, "--optimizer=muon", "--muon_momentum_warmup=300", "--muon_cautious_wd=True"])
     assert (cfg.muon_momentum_warmup, cfg.muon_cautious_wd) == (300, True)
@@ -296,7 +296,7 @@ def test_the_new_muon_settings_are_checked_and_a_change_on_resume_is_said():
 
 
 def test_normuon_evens_out_the_rows_and_keeps_the_updates_norm():
-    from pilegpt.train.muon import neuron_update
+    from pilegpt.train.optim.muon import neuron_update
 
     gen = torch.Generator().manual_seed(5)
     update = orthogonalize(torch.randn(8, 32, generator=gen) * torch.linspace(0.1, 3, 8)[:, None])
@@ -317,7 +317,7 @@ def test_normuon_evens_out_the_rows_and_keeps_the_updates_norm():
 
 def polar_express(x: torch.Tensor) -> torch.Tensor:
     """Polar Express's five polynomials, each on the singular values (normalised by 1.02 x the Frobenius norm)."""
-    from pilegpt.train.muon import POLAR_EXPRESS_COEFFS
+    from pilegpt.train.optim.muon import POLAR_EXPRESS_COEFFS
 
     x = x / 1.02
     for a, b, c in POLAR_EXPRESS_COEFFS:
@@ -349,11 +349,11 @@ def test_polar_express_ends_closer_to_1_than_newton_schulz(shape):
 
 
 def test_polar_express_is_a_setting_that_reaches_the_groups_and_a_change_on_resume_is_said():
-    from pilegpt.train.muon import build_muon
-    from pilegpt.train.optim_settings import setting_changes
+    from pilegpt.train.optim.groups import build_optimizer
+    from pilegpt.train.optim.on_resume import setting_changes
 
     cfg = train_config.load_config([*DATA, "--optimizer=muon", "--muon_polar_express=True"])
-    opt = build_muon(tiny_gpt(), cfg)
+    opt = build_optimizer(tiny_gpt(), cfg)
     assert [g["polar_express"] for g in opt.param_groups] == [True, True, True]
     for bad in ("1", "yes", ""):
         with pytest.raises(UserError, match="muon_polar_express"):

@@ -1,4 +1,4 @@
-"""embedding_lr and head_lr (pilegpt/train/part_rates.py): which parameters each rate gives, in which group, at
+"""embedding_lr and head_lr (pilegpt/train/optim/groups.py): which parameters each rate gives, in which group, at
 which peak; the optimizer as before when neither is set; the settings' refusals. A run with them, resumed with them
 changed: tests/e2e/test_faults.py; train.py against the plain loop with them: tests/e2e/test_muon.py."""
 
@@ -10,8 +10,7 @@ import torch
 from model import GPT
 from pilegpt.train import plain_loop
 from pilegpt.train.config import TrainConfig
-from pilegpt.train.muon import build_muon, muon_groups
-from pilegpt.train.part_rates import part_peak, with_part_rates
+from pilegpt.train.optim.groups import build_optimizer, group_peak, param_groups
 
 SIZE = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64)
 
@@ -29,12 +28,14 @@ def names(model: torch.nn.Module, group: dict) -> list[str]:
 def test_unset_rates_leave_the_groups_as_they_were(optimizer):
     cfg = config(optimizer=optimizer, tie_embeddings=False)
     model = GPT(cfg.model_config())
-    built = (muon_groups(model, 0.1, 0.02, 6e-4) if optimizer == "muon" else model.optim_groups(0.1))
-    before = [dict(g, params=list(g["params"])) for g in built]
-    after = with_part_rates(built, model, cfg)
-    assert [[id(p) for p in g["params"]] for g in after] == [[id(p) for p in g["params"]] for g in before]
-    assert [{k: v for k, v in g.items() if k != "params"} for g in after] == [
-        {k: v for k, v in g.items() if k != "params"} for g in before]
+    groups = param_groups(model, cfg)
+    by_dim = lambda ps, two_d: [id(p) for p in ps if (p.dim() >= 2) == two_d]
+    rest = [p for p in model.parameters() if id(p) not in {id(m) for m in model.hidden_matrices()}]
+    expected = ([[id(p) for p in model.hidden_matrices()], by_dim(rest, True), by_dim(rest, False)]
+                if optimizer == "muon" else [by_dim(model.parameters(), True), by_dim(model.parameters(), False)])
+    assert [[id(p) for p in g["params"]] for g in groups] == expected
+    assert [g["weight_decay"] for g in groups] == [0.1] * (len(groups) - 1) + [0.0]
+    assert not any("part_rate" in g for g in groups)
 
 
 def test_the_parts_get_their_groups_rates_and_the_width_rules_factor():
@@ -43,15 +44,15 @@ def test_the_parts_get_their_groups_rates_and_the_width_rules_factor():
     cfg = config(optimizer="muon", pos_emb="rope", norm="rmsnorm", tie_embeddings=False, value_embeds=True,
                  embedding_lr=0.05, head_lr=0.01, lr_base_width=64, weight_decay=0.1)
     model = GPT(cfg.model_config())
-    groups = build_muon(model, cfg).param_groups
+    groups = build_optimizer(model, cfg).param_groups
     assert [g.get("part_rate") for g in groups] == [None, None, "embedding_lr", "head_lr"]
     assert groups[0]["muon"] and groups[1]["weight_decay"] == 0.0  # Muon's matrices; the gains, undecayed
     assert names(model, groups[2]) == ["transformer.wte.weight", "value_embeds.1.weight"]
     assert names(model, groups[3]) == ["lm_head.weight"]
     scale = math.sqrt(64 / 32)
     assert [g["lr"] for g in groups[2:]] == pytest.approx([0.05 * scale, 0.01 * scale])
-    assert [part_peak(cfg, g) for g in groups] == [None, None, pytest.approx(0.05 * scale),
-                                                   pytest.approx(0.01 * scale)]
+    assert [group_peak(cfg, g) for g in groups] == pytest.approx([cfg.muon_lr, 6e-4 * scale, 0.05 * scale,
+                                                                  0.01 * scale])
     assert [g["weight_decay"] for g in groups[2:]] == [0.1, 0.1]  # the decay of the group they left
     every = [id(p) for g in groups for p in g["params"]]
     assert sorted(every) == sorted(id(p) for p in model.parameters()) and len(every) == len(set(every))
@@ -60,7 +61,7 @@ def test_the_parts_get_their_groups_rates_and_the_width_rules_factor():
 def test_a_tied_matrix_is_the_embeddings_once_and_adamw_keeps_its_blocks():
     cfg = config(embedding_lr=0.01)  # GPT-2's architecture and AdamW: the blocks' matrices stay in the 2-D group
     model = GPT(cfg.model_config())
-    groups = with_part_rates(model.optim_groups(0.1), model, cfg)
+    groups = param_groups(model, cfg)
     assert names(model, groups[2]) == ["transformer.wpe.weight", "transformer.wte.weight"]  # lm_head is wte
     assert len(groups) == 3 and groups[2]["lr"] == 0.01 and "transformer.h.0.attn.c_attn.weight" in names(
         model, groups[0])
@@ -95,11 +96,11 @@ def test_a_checkpoint_of_another_group_layout_is_one_line_after_the_load():
     the checkpoint's groups by parameter names into this run's layout: a group with another part's label, or one
     left without settings, is refused in one line (it crashed in a format string, or resumed with a wrong rate)."""
     from pilegpt.common import UserError
-    from pilegpt.train.optim_settings import apply_group_settings, group_settings
+    from pilegpt.train.optim.on_resume import apply_group_settings, group_settings
 
     cfg = config(tie_embeddings=False)  # this run: no part's rate; its checkpoint had head_lr's group
     model = GPT(cfg.model_config())
-    optimizer = torch.optim.AdamW(with_part_rates(model.optim_groups(0.1), model, cfg), lr=6e-4)
+    optimizer = build_optimizer(model, cfg)
     built = group_settings(optimizer)
     restored = [dict(g) for g in optimizer.param_groups]
     optimizer.param_groups[:] = [restored[0] | {"part_rate": "head_lr"}, restored[1]]  # as the load left them
@@ -117,7 +118,7 @@ def test_a_checkpoint_of_another_group_layout_is_one_line_after_the_load():
 def test_an_autoresume_names_a_changed_shape_and_a_part_rate_set_or_unset_in_one_line(tmp_path):
     from pilegpt.common import UserError
     from pilegpt.train.config import used_settings
-    from pilegpt.train.run_folder import check_same_model
+    from pilegpt.train.run.folder import check_same_model
 
     run = config(tie_embeddings=False, head_lr=0.005)
     (tmp_path / "config.json").write_text(__import__("json").dumps({"config": used_settings(run)}))

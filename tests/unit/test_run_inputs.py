@@ -15,7 +15,7 @@ from pilegpt import hellaswag, storage
 from pilegpt.common import UserError
 from pilegpt.train import report as run_report
 from pilegpt.train.config import TrainConfig, setting_default, used_settings
-from pilegpt.train.run_folder import check_same_model
+from pilegpt.train.run.folder import check_same_model
 
 
 def write_run(folder, metrics: str):

@@ -128,7 +128,7 @@ def test_num_proc_1_and_2_write_the_same_bytes_holding_the_bin_windows(tmp_path,
 
 def test_doc_aligned_sampling_writes_train_pys_rows_the_same_for_any_num_proc_and_verifies(tmp_path, capsys):
     from helpers import shakespeare_docs, tokenize
-    from pilegpt.train.bin_reader import BinDataset
+    from pilegpt.train.data.bin_reader import BinDataset
 
     tokens = np.concatenate([np.r_[tokenize(d), 50256] for d in shakespeare_docs(700)]).astype(np.uint16)
     data = write_bin(tmp_path / "data", tokens)

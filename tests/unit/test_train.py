@@ -13,8 +13,8 @@ from helpers import (
     write_bin,
 )
 from pilegpt.common import UserError
-from pilegpt.train.bin_reader import BinDataset, resumable_sampler
-from pilegpt.train.loaders import collate_mds
+from pilegpt.train.data.bin_reader import BinDataset, resumable_sampler
+from pilegpt.train.data.loaders import collate_mds
 
 
 def test_bin_dataset_windows_do_not_overlap_and_y_is_x_shifted(tmp_path):

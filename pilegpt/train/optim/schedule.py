@@ -7,7 +7,8 @@ parameter group's peak learning rate (AdamW's learning_rate, Muon's muon_lr) at 
   last `warmdown` of max_duration, then a straight line down to min_lr at its end.
 
 Both are functions of the batch count alone, so a resumed run continues on its curve; a schedule changed on
-autoresume applies from the checkpoint's batch on. pilegpt/train/plain_loop.py computes the same by hand.
+autoresume applies from the checkpoint's batch on. pilegpt/train/plain_loop.py evaluates the same scheduler at each
+batch (`factor_at`).
 """
 
 from __future__ import annotations
@@ -55,3 +56,15 @@ def build_scheduler(cfg):
     if cfg.lr_schedule == "wsd":
         return WarmupStableDecay(cfg.warmup, cfg.warmdown, alpha_f)
     return CosineAnnealingWithWarmupScheduler(t_warmup=cfg.warmup, alpha_f=alpha_f)
+
+
+def factor_at(scheduler, batch: int, max_batches: int) -> float:
+    """build_scheduler's multiplier at `batch` of a run of max_batches batches, outside a Trainer (the plain loop's):
+    the scheduler reads only the State's time, its max_duration and (for epochs) the loader's length."""
+    from types import SimpleNamespace
+
+    from composer.core import Time, Timestamp, TimeUnit
+
+    state = SimpleNamespace(timestamp=Timestamp(batch=batch), max_duration=Time(max_batches, TimeUnit.BATCH),
+                            dataloader_len=None)
+    return scheduler(state)

@@ -16,7 +16,7 @@ from typing import Optional
 from pilegpt import storage
 from pilegpt.common import UserError
 from pilegpt.data import ALIGN_ROWS, META_NAME, SPLITS, Meta, nanogpt_meta
-from pilegpt.train import loaders
+from pilegpt.train.data import loaders
 
 DATA_JSON = "data.json"  # in the save_folder, beside the checkpoints
 FINGERPRINT_PIECES = 8  # pieces of a .bin hashed for its fingerprint

@@ -94,7 +94,7 @@ def check_shared_save_folder(save_folder: str, device: str, world_size: int, loc
     if rank == 0:
         os.makedirs(save_folder, exist_ok=True)
         with open(marker, "w") as f:
-            f.write("node 0 of this job wrote this marker; every node must see it (pilegpt/train/cluster.py)\n")
+            f.write("node 0 of this job wrote this marker; every node must see it (pilegpt/train/run/cluster.py)\n")
     dist.barrier()
     seen = os.path.exists(marker) if local_rank == 0 else True
     every = dist.all_gather_object(seen)

@@ -20,7 +20,6 @@ from pilegpt import compat, storage
 from pilegpt.checkpoint import existing_checkpoints
 from pilegpt.common import UserError, atomic_write_text, check_writable_folder
 from pilegpt.s3 import S3Dir
-from pilegpt.train import cluster, data_record, lock
 from pilegpt.train.config import (
     CUSTOM_MODEL_FIELDS,
     GPT_ONLY_FIELDS,
@@ -30,8 +29,9 @@ from pilegpt.train.config import (
     saved_form,
     setting_default,
 )
-from pilegpt.train.loaders import refresh_mds_cache
-from pilegpt.train.resume import set_aside_broken_checkpoints
+from pilegpt.train.data.loaders import refresh_mds_cache
+from pilegpt.train.run import cluster, data_record, lock
+from pilegpt.train.run.resume import set_aside_broken_checkpoints
 
 CONFIG_JSON = "config.json"  # in run_dir: the run's settings, versions and commit (train.py writes it)
 STAGED_FOR = ".save_folder"  # in an s3:// run's local run_dir: the save_folder whose files it stages

@@ -30,8 +30,8 @@ from pilegpt.data import (
     nanogpt_meta,
     validation_hash,
 )
-from pilegpt.train.bin_reader import BinDataset, MixedBins, MixedOrder, permute, resumable_sampler
-from pilegpt.train.mix import check_epoch, component_name, realised_shares, sample_counts
+from pilegpt.train.data.bin_reader import BinDataset, MixedBins, MixedOrder, permute, resumable_sampler
+from pilegpt.train.data.mix import check_epoch, component_name, realised_shares, sample_counts
 
 
 def collate_mds(samples: list[dict], vocab_size: Optional[int] = None) -> dict:
@@ -120,7 +120,7 @@ def mds_caches(cfg, root: str, split: str) -> list[str]:
 def refresh_mds_cache(cfg) -> list[str]:
     """Empty each cache folder whose index.json differs from its source's (a rebuilt dataset: Streaming would read
     the old shards it cached); returns the folders emptied. Only folders inside data_local are touched."""
-    from pilegpt.train.mds_reader import is_inside
+    from pilegpt.train.data.mds_reader import is_inside
 
     emptied = []
     for split, found in read_mds_indexes(cfg).items():
@@ -171,7 +171,7 @@ def mds_split(cfg, split: str, batch_size: int, shuffle: bool, weighted: bool = 
     data_mix weight goes to its Stream (proportion=, repeat= or choose=); role: a named eval set's (mds_cache_dir)."""
     from streaming import Stream
 
-    from pilegpt.train.mds_reader import CheckedStreamingDataset
+    from pilegpt.train.data.mds_reader import CheckedStreamingDataset
 
     indexes = split_indexes(cfg, split)
     if indexes is None:
@@ -219,7 +219,7 @@ def check_sample_length(dataset, block_size: int, what: str) -> None:
     try:
         length = len(dataset[0]["x"])
     except (RuntimeError, ValueError) as e:
-        from pilegpt.train.mds_reader import describe_read_failure
+        from pilegpt.train.data.mds_reader import describe_read_failure
 
         caches = [s.local for s in dataset.streams]
         raise UserError(describe_read_failure(e, what, caches) or f"cannot read the first sample of {what}: {e}") \

@@ -5,12 +5,7 @@ torch.optim.AdamW's exact step. Pure PyTorch; details in docs/training.md."""
 from __future__ import annotations
 
 import torch
-from torch import nn
 from torch.optim.adamw import adamw
-
-from pilegpt.common import UserError, one_line
-from pilegpt.train.config import MUON_OPTIONS
-from pilegpt.train.part_rates import with_part_rates
 
 # The quintic Newton-Schulz iteration X <- a X + b (X X^T) X + c (X X^T)^2 X of modded-nanogpt and nanochat, with
 # their coefficients: a steep slope at 0 (a = 3.4445) pulls small singular values up in few steps, at the price of
@@ -156,48 +151,3 @@ class Muon(torch.optim.Optimizer):
               beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"], eps=group["eps"],
               maximize=False)
 
-
-def build_muon(model: nn.Module, cfg) -> Muon:
-    """train.py's and plain_loop.py's Muon for `model` from a TrainConfig: Muon for model.hidden_matrices() at
-    muon_lr, AdamW (torch's fused kernel, on CPU too) for the rest at cfg.adamw_lr() (embedding_lr and head_lr: the
-    parts' own groups, part_rates.py), with the run's Muon options."""
-    groups = with_part_rates(muon_groups(model, cfg.weight_decay, cfg.muon_lr, cfg.adamw_lr()), model, cfg)
-    return Muon(groups, betas=(cfg.beta1, cfg.beta2),
-                **{key: getattr(cfg, setting) for setting, (key, _) in MUON_OPTIONS.items()})
-
-
-def muon_groups(model: nn.Module, weight_decay: float, muon_lr: float, adamw_lr: float) -> list[dict]:
-    """Muon's group (model.hidden_matrices()) and AdamW's two (2-D weights decayed, biases and norms not): every
-    trainable parameter in exactly one group (checked)."""
-    params = [p for p in model.parameters() if p.requires_grad]  # a tied matrix appears once
-    hidden = {id(p) for p in hidden_matrices(model, params)}
-    groups = [dict(params=[p for p in params if id(p) in hidden], lr=muon_lr, weight_decay=weight_decay, muon=True),
-              dict(params=[p for p in params if id(p) not in hidden and p.dim() >= 2], lr=adamw_lr,
-                   weight_decay=weight_decay),
-              dict(params=[p for p in params if id(p) not in hidden and p.dim() < 2], lr=adamw_lr, weight_decay=0.0)]
-    listed = [id(p) for g in groups for p in g["params"]]
-    assert len(listed) == len(set(listed)) == len(params), "a parameter is in no group or in two"
-    return groups
-
-
-def hidden_matrices(model: nn.Module, params: list[nn.Parameter]) -> list[nn.Parameter]:
-    """model.hidden_matrices(), checked: some of the model's own trainable parameters (`params`), each 2-D; any
-    other answer is one line naming the method (Muon would fail in a traceback, or update nothing at all)."""
-    name = f"{type(model).__name__}.hidden_matrices()"
-    if not callable(getattr(model, "hidden_matrices", None)):
-        raise UserError(f"optimizer='muon' needs {name} (the 2-D weights Muon updates; model.py's GPT has one): add "
-                        "the method or set optimizer='adamw'")
-    try:
-        hidden = list(model.hidden_matrices())
-    except Exception as e:
-        raise UserError(f"optimizer='muon': {name} failed: {type(e).__name__}: {one_line(e)}") from None
-    ours = {id(p) for p in params}
-    problems = [f"item {i} is {'not a tensor' if not torch.is_tensor(p) else 'not a trainable parameter of the model'}"
-                for i, p in enumerate(hidden) if not torch.is_tensor(p) or id(p) not in ours]
-    problems += [f"item {i} is {p.dim()}-D {tuple(p.shape)}" for i, p in enumerate(hidden)
-                 if torch.is_tensor(p) and id(p) in ours and p.dim() != 2]
-    if not hidden or problems:
-        got = "; ".join(problems) if hidden else "it returned no parameters (Muon would update nothing)"
-        raise UserError(f"optimizer='muon': {name} must return some of the model's own trainable 2-D weights: {got}; "
-                        "fix the method or set optimizer='adamw'")
-    return hidden
