@@ -1,10 +1,9 @@
-"""The contract every model meets, model.py's GPT included: a torch.nn.Module whose `forward(idx, targets=None)`
-returns `(logits, loss)` (optional: hidden_matrices() for Muon, optim_groups(), param_parts(), flops_per_token()), checked at the
-run's block_size; and your own model by import path, named "package.module:Class" with its constructor's keyword
+"""The contract every model meets, model.py's GPT included: a torch.nn.Module whose `forward(idx, targets=None)` returns
+`(logits, loss)` (optional: hidden_matrices() for Muon, optim_groups(), param_parts(), flops_per_token()), checked at
+the run's block_size; and your own model by import path, named "package.module:Class" with its constructor's keyword
 arguments, trained, saved and sampled like model.py's GPT. The class is imported only where the user names it
 (train.py's model_class, sample.py's and eval.py's --model-class), never because a file records it. Details:
-docs/extending.md.
-"""
+docs/extending.md."""
 
 from __future__ import annotations
 
