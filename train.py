@@ -57,7 +57,7 @@ from pilegpt.common import (
 from pilegpt.hf import load_pretrained
 from pilegpt.launch import die_with_launcher
 from pilegpt.s3 import lost_connection
-from pilegpt.train import cluster, run_folder
+from pilegpt.train import cluster, data_record, run_folder
 from pilegpt.train.callbacks import (
     CoreEval,
     ExportModel,
@@ -486,8 +486,11 @@ def run_info(cfg: TrainConfig, world_size: int, device: str, precision: str, dat
 
 def write_run_info(trainer: Trainer, cfg: TrainConfig, folder: RunFolder, world: World, device: str,
                    precision: str) -> None:
-    """config.json beside the checkpoints (rank 0), and every setting to the trackers (W&B, MLflow, TensorBoard)."""
+    """data.json and config.json beside the checkpoints (rank 0), and every setting to the trackers (W&B, MLflow,
+    TensorBoard)."""
     if world.rank == 0:
+        folder.made.started()  # the run's folders stay from here on, whatever happens
+        data_record.write(folder.data, folder.save_folder)  # what it trains on (compared when it resumes)
         path = os.path.join(folder.run_dir, CONFIG_JSON)
         shares = mix_shares(cfg, trainer.state.train_dataloader.dataset)
         info = run_info(cfg, world.size, device, precision, shares)
