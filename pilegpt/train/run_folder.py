@@ -47,7 +47,7 @@ class RunFolder(NamedTuple):
     remote: Optional[S3Dir]  # save_folder when it is remote, else None
     found: list[str]  # the checkpoints already in save_folder
     data: dict  # data.json's record of what the run trains on (data_record.py), written as training begins
-    made: "MadeFolders"  # the folders this run made: removed if it stops before training
+    made: MadeFolders  # the folders this run made: removed if it stops before training
 
     @property
     def resuming(self) -> bool:
