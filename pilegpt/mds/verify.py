@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import tempfile
 from typing import Optional
 
@@ -85,7 +86,7 @@ def verify_split(source: str, job: SplitJob, spec: dict, dtype: np.dtype, client
     with tempfile.TemporaryDirectory(prefix="to_mds_verify_") as cache:
         ds = open_dataset(source, cache, check)
         try:
-            problem = first_difference(ds, source, tokens, starts, spec["block_size"], job, spec_eot(spec))
+            problem = first_difference(ds, source, tokens, starts, spec["block_size"], job, spec_eot(spec), cache)
         finally:
             del ds  # the dataset lets go of the cache before the cache is removed
     if problem is not None:
@@ -107,9 +108,9 @@ def open_dataset(source: str, cache: str, validate_hash: Optional[str]):
 
 
 def first_difference(ds, source: str, tokens: np.ndarray, starts: np.ndarray, T: int, job: SplitJob,
-                     eot: Optional[int] = None) -> Optional[str]:
-    """Compare every sample of `ds` (the dataset at `source`) with its window of `tokens` (with eot: its
-    doc_aligned row), in order: the first difference, or None when every token matches."""
+                     eot: Optional[int] = None, cache: str = "") -> Optional[str]:
+    """Compare every sample of `ds` (the dataset at `source`, its shards copied into `cache`) with its window of
+    `tokens` (with eot: its doc_aligned row), in order: the first difference, or None when every token matches."""
     from tqdm import tqdm
 
     if ds.num_samples != len(starts):
@@ -122,13 +123,26 @@ def first_difference(ds, source: str, tokens: np.ndarray, starts: np.ndarray, T:
                 try:
                     sample = ds[i]
                 except ValueError as e:  # Streaming: checksum failure
-                    return f"{source}: {e}"
+                    return failed_read(e, source, cache)
                 column = differing_column(sample, x[k], y[k])
                 if column is not None:
                     return f"{source} sample {i} column {column} differs from {job.bin_path}"
                 i += 1
             bar.update(len(part))
     return None
+
+
+def failed_read(e: ValueError, source: str, cache: str) -> str:
+    """What a failed read of the dataset at `source` says: a shard that fails its checksum named as the user's shard
+    under `source`, not by its copy in the verifier's temporary `cache` (gone by the time the line is read)."""
+    text = str(e)
+    if not text.startswith("Checksum failure: "):
+        return f"{source}: {e}"
+    name = os.path.relpath(text.partition(": ")[2], cache)
+    if name.startswith(".."):  # not a copy in the cache: the shard's own path
+        return f"{source}: {e}"
+    return (f"{storage.join(source, name.replace(os.sep, '/'))} does not match the checksum in "
+            f"{storage.join(source, INDEX_NAME)}: the shard is damaged")
 
 
 def differing_column(sample: dict, x: np.ndarray, y: np.ndarray) -> Optional[str]:

@@ -29,6 +29,46 @@ MUON_OPTIONS = {"muon_momentum": ("momentum", None), "muon_momentum_warmup": ("m
 MUON_SETTINGS = ("muon_lr", *MUON_OPTIONS)  # what optimizer="adamw" leaves unused
 DATA_KEYS = ("data_dir", "data_remote", "data_mix")  # three ways to name the data: one per run
 
+# What a setting changed on autoresume does: one row per TrainConfig setting, (kind, rule). run/folder.py's checks
+# before training read it, and tests/unit/test_config.py walks it (a setting without a row fails). The kinds:
+USED = "used"  # the resumed run uses the new value from its checkpoint on, as it would have from the start
+SAID = "said"  # used, and a line names it: the checkpoint brought its own value (optim/on_resume.py puts ours back)
+REFUSED = "refused"  # a value other than config.json's: one line before training; the rule says what differs
+INIT_ONLY = "init-only"  # acts only when a run starts: a note says so, and the run (config.json too) keeps its value
+DATA = "data"  # data.json compares the data itself (data_record.py): other data is refused unless data_changed_ok
+PART_GROUP = "said; refused set or unset"  # a part's own rate: its parameter group is there or not in the checkpoint
+RESUME_KINDS = (USED, SAID, REFUSED, INIT_ONLY, DATA, PART_GROUP)
+ON_RESUME = {
+    **dict.fromkeys((*SHAPE_FIELDS, *CUSTOM_MODEL_FIELDS), (REFUSED, "another model")),  # the weights do not fit
+    "optimizer": (REFUSED, "another optimizer"),  # its state is another optimizer's
+    "seed": (REFUSED, "another seed, which orders the data (a new one mid-epoch repeats and skips samples)"),
+    "dropout": (USED, "a probability at each training step"),
+    **dict.fromkeys(("zero_init_proj", "init_from"), (INIT_ONLY, "the weights come from the checkpoint")),
+    **dict.fromkeys(("data_dir", "data_remote", "data_mix", "data_format", "doc_aligned"),
+                    (DATA, "the data's content and its rows, not where it lies (a moved copy resumes)")),
+    "num_canonical_nodes": (DATA, "data.json's fixes the MDS sample order: another is refused, None takes it"),
+    **dict.fromkeys(("data_local", "num_workers"), (USED, "where and how the same samples are read")),
+    **dict.fromkeys(("global_batch_size", "device_train_microbatch_size", "device_eval_batch_size"),
+                    (USED, "the resume goes on at the sample the run reached")),
+    **dict.fromkeys(("learning_rate", "muon_lr", "lr_base_width", "weight_decay", "beta1", "beta2", *MUON_OPTIONS),
+                    (SAID, "the optimizer's parameter groups (optim/on_resume.py)")),
+    **dict.fromkeys(PART_RATES, (PART_GROUP, "a change between rates is said, as learning_rate's")),
+    **dict.fromkeys(("min_lr", "lr_schedule", "warmdown", "warmup", "max_duration", "grad_clip"),
+                    (USED, "the schedule and the clipping are computed at each batch")),
+    **dict.fromkeys(("eval_interval", "eval_subset_num_batches", "eval_data", "hellaswag_examples", "hellaswag_data",
+                     "core_examples", "core_data", "sample_prompt", "sample_length"),
+                    (USED, "evaluations and samples from the resume on")),
+    **dict.fromkeys(("device", "precision", "compile", "fsdp", "cpu_malloc_tune", "dist_timeout", "preemption_grace_s"),
+                    (USED, "how this process runs; the checkpoint holds whole weights and optimizer state")),
+    **dict.fromkeys(("run_name", "save_folder", "autoresume", "save_overwrite", "data_changed_ok"),
+                    (USED, "they find the run and say what a resume may do")),
+    **dict.fromkeys(("save_interval", "save_num_checkpoints_to_keep", "progress_bar", "log_interval", "speed_window",
+                     "wandb_log", "wandb_project", "tensorboard_log", "tensorboard_dir", "mlflow_log",
+                     "mlflow_experiment"), (USED, "checkpoints and logs from the resume on")),
+    **dict.fromkeys(("algorithms", "callbacks"), (USED, "from the resume on; Composer loads the checkpoint's state of "
+                                                        "those it holds by its own rules")),
+}
+
 
 @dataclass
 class TrainConfig:

@@ -103,8 +103,9 @@ def test_training_never_writes_into_a_local_mds_dataset_folder(tmp_path):
     root = write_mds_splits(tmp_path / "mds", np.random.default_rng(1).integers(0, 50257, 20_000).astype(np.uint16))
     before = tree(root)
     with pytest.raises(UserError, match="block_size is 64"):  # a refused run reads a sample first
-        train.main([f"--data_dir={root}", *TRAIN, "--block_size=64", f"--save_folder={tmp_path / 'r1'}",
+        train.main([f"--data_dir={root}", *TRAIN, "--block_size=64", f"--save_folder={tmp_path / 'new' / 'r1'}",
                     f"--data_local={tmp_path / 'cache'}"])
+    assert not (tmp_path / "new").exists()  # refused after its folder was made: it leaves nothing behind
     train.main([f"--data_dir={root}", *TRAIN, f"--save_folder={tmp_path / 'r2'}", f"--data_local={tmp_path / 'cache'}"])
     assert sorted(losses_by_batch(tmp_path / "r2")) == [1, 2]
     assert tree(root) == before  # the same files, byte for byte: the shards were decompressed in the cache

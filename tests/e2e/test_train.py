@@ -154,7 +154,9 @@ def test_doc_aligned_bin_training_reads_packed_rows_and_resumes_them_exactly(tmp
     args = [str(REPO / "config" / "tiny.py"), f"--data_dir={tmp_path / 'd'}", *SMALL, "--max_duration=4ba",
             "--save_interval=2ba", "--eval_interval=4ba", "--eval_subset_num_batches=2", f"--save_folder={run_dir}",
             callbacks(run_dir), "--device=cpu", "--sample_length=0", "--doc_aligned=True"]
+    capsys.readouterr()
     train.main(args)
+    assert "no document starts" not in capsys.readouterr().out  # documents to align to: no note
     rows = BinDataset(str(tmp_path / "d" / "train.bin"), 32, doc_aligned=True)
     assert len(rows) == num_aligned_rows(len(tokens) - 3000, 32)
     packed = {hashlib.blake2b(rows[i]["x"].numpy().tobytes(), digest_size=8).hexdigest() for i in range(len(rows))}
@@ -181,6 +183,20 @@ def test_doc_aligned_bin_training_reads_packed_rows_and_resumes_them_exactly(tmp
                 f"--data_local={tmp_path / 'cache'}", "--max_duration=2ba"])
     from_mds = [h for hashes in fingerprints(mds_run).values() for h in hashes]
     assert len(from_mds) == 8 and set(from_mds) <= packed
+
+    # a .bin without document boundaries (eot_token never, or once) has no starts to align rows to: one note says so
+    plain = tokens[tokens != 50256]
+    for name, train_tokens, counted in (("none", plain[:-3000], "0 documents in train.bin (eot_token 50256 never "
+                                                                "occurs"),
+                                        ("one", np.r_[plain[:-3001], 50256], "1 document in train.bin (eot_token "
+                                                                             "50256 occurs once")):
+        write_token_files(tmp_path / name, {"train": train_tokens, "val": plain[-3000:]})
+        capsys.readouterr()
+        train.main([*args[:1], f"--data_dir={tmp_path / name}", *args[2:], f"--save_folder={tmp_path / 'r' / name}",
+                    callbacks(tmp_path / "r" / name), "--max_duration=1ba"])
+        assert (f"note: doc_aligned=True, but {tmp_path / name / 'meta.json'} counts {counted}): no document starts "
+                "to align rows to, so they are plain cuts of its tokens; prepare_data.py ends each document with "
+                "eot_token, or set doc_aligned=False") in capsys.readouterr().out.splitlines()
 
 
 def test_two_processes_train_data_parallel_on_different_mds_samples_from_s3_and_save_to_s3(s3_env, shakespeare_mds,

@@ -203,6 +203,76 @@ def test_every_field_has_a_comment():
     assert set(comments) == {f.name for f in dataclasses.fields(train_config.TrainConfig)}
 
 
+# a value other than the default for each setting a resume refuses or keeps (config.ON_RESUME): a row added to either
+# kind needs one here, so that the walks below try it
+OTHER_VALUE = {"n_layer": 3, "n_head": 4, "n_embd": 384, "block_size": 512, "vocab_size": 50304, "bias": False,
+               "pos_emb": "rope", "rope_theta": 5e5, "norm": "rmsnorm", "mlp": "swiglu", "n_kv_head": 4,
+               "qk_norm": True, "tie_embeddings": False, "logit_softcap": 15.0, "x0_scalars": True,
+               "value_embeds": True, "attn_window": 256, "model_class": "mypkg:Model", "model_args": {"width": 8},
+               "optimizer": "muon", "seed": 7, "zero_init_proj": True, "init_from": "gpt2"}
+
+
+def settings_of_kind(kind: str) -> set[str]:
+    from pilegpt.train.config import ON_RESUME
+
+    return {k for k, (its_kind, _) in ON_RESUME.items() if its_kind == kind}
+
+
+def test_every_setting_has_one_row_saying_what_a_change_on_autoresume_does():
+    """config.ON_RESUME: a setting added to TrainConfig without a row fails here (and a row of a setting gone), and
+    each kind's rows are exactly those its check acts on."""
+    from pilegpt.train import config
+    from pilegpt.train.optim.on_resume import SETTING_OF
+
+    assert sorted(config.ON_RESUME) == sorted(f.name for f in dataclasses.fields(config.TrainConfig))
+    assert all(kind in config.RESUME_KINDS and isinstance(rule, str) and rule
+               for kind, rule in config.ON_RESUME.values())
+    # said: what optim/on_resume.py puts back into the restored parameter groups (lr_base_width through the rates)
+    assert settings_of_kind(config.SAID) == {*SETTING_OF.values(), "learning_rate", "muon_lr", "beta1", "beta2",
+                                             "lr_base_width"}
+    assert settings_of_kind(config.PART_GROUP) == set(config.PART_RATES)
+    assert settings_of_kind(config.DATA) == {*config.DATA_KEYS, "data_format", "doc_aligned", "num_canonical_nodes"}
+    assert set(OTHER_VALUE) == settings_of_kind(config.REFUSED) | settings_of_kind(config.INIT_ONLY)
+
+
+def recorded_run(folder, cfg) -> str:
+    """A run folder whose config.json records cfg, as train.py writes it."""
+    import json
+
+    from pilegpt.train.config import used_settings
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({"config": used_settings(cfg)}))
+    return str(folder)
+
+
+def test_each_refused_setting_changed_on_autoresume_is_one_line_and_each_init_only_one_is_kept(tmp_path):
+    """Walk the refused and init-only rows of config.ON_RESUME: each changed alone against a run's config.json is
+    refused naming it, or kept at the run's value with a note naming both."""
+    from pilegpt.train.config import INIT_ONLY, REFUSED, TrainConfig
+    from pilegpt.train.run.folder import check_same_model, keep_initial_settings
+
+    base = TrainConfig(data_dir="d", run_name="r")
+    for name in sorted(settings_of_kind(REFUSED)):
+        run = dataclasses.replace(base, model_class="mypkg:Model") if name == "model_args" else base
+        run_dir = recorded_run(tmp_path / name, run)
+        changed = dataclasses.replace(run, **{name: OTHER_VALUE[name]})
+        with pytest.raises(UserError) as e:
+            check_same_model(changed, run_dir, run_dir)
+        said = f"{name}={OTHER_VALUE[name]!r} (the run has {getattr(run, name)!r})" if name != "optimizer" else \
+            "are of optimizer adamw; this run asks for muon"
+        assert said in str(e.value) and "\n" not in str(e.value), (name, str(e.value))
+    for name in sorted(settings_of_kind(INIT_ONLY)):
+        run_dir = recorded_run(tmp_path / name, base)
+        changed = dataclasses.replace(base, **{name: OTHER_VALUE[name]})
+        check_same_model(changed, run_dir, run_dir)  # not refused
+        kept, note = keep_initial_settings(changed, run_dir)
+        assert kept == base
+        assert note == (f"note: autoresume: {name}={OTHER_VALUE[name]!r} acts only when a run starts (the weights come "
+                        f"from the checkpoint): the run keeps {name}={getattr(base, name)!r}, as it started "
+                        f"({run_dir}/config.json)")
+
+
 def test_pile_config_reads_the_data_remote_and_run_settings_from_the_environment(monkeypatch):
     monkeypatch.setenv("DATA_REMOTE", "s3://bucket/pile/mds")
     monkeypatch.setenv("CHECKPOINT_FOLDER", "s3://bucket/runs/x")

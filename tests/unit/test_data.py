@@ -175,6 +175,14 @@ def test_doc_aligned_on_mds_needs_rows_to_mds_aligned_and_a_bin_run_records_it(t
                                         r"doc_aligned, or set doc_aligned=False$"):
         train.main([f"--data_dir={tmp_path / 'mds'}", *TRAIN, f"--save_folder={tmp_path / 'run'}",
                     f"--data_local={tmp_path / 'cache'}", "--doc_aligned=True"])
+    assert not (tmp_path / "run").exists()  # refused after the run folder was made: nothing left behind
+    mine = tmp_path / "mine"  # a folder the user had: kept as it was, no data.json added
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    with pytest.raises(UserError, match="^doc_aligned=True, but "):
+        train.main([f"--data_dir={tmp_path / 'mds'}", *TRAIN, f"--save_folder={mine}",
+                    f"--data_local={tmp_path / 'cache'}", "--doc_aligned=True"])
+    assert [(p.name, p.read_text()) for p in mine.iterdir()] == [("notes.txt", "keep")]
     write_token_files(tmp_path / "bin", {"train": np.arange(5000) % 50257})
     record = {on: data_record.describe(SimpleNamespace(data_dir=str(tmp_path / "bin"), data_mix={}, data_remote=None,
                                                        data_format="auto", doc_aligned=on)) for on in (False, True)}

@@ -258,6 +258,8 @@ def bin_train_set(cfg, rank: int):
         part = bin_split(root, meta, "train", cfg.block_size, doc_aligned=cfg.doc_aligned)
         if part is None:
             raise UserError(f"{Path(root) / META_NAME} lists no train split: run prepare_data.py")
+        if cfg.doc_aligned and rank == 0 and (note := no_documents_note(root, meta)):
+            print(note, flush=True)
         parts.append(part)
         tokenizers.setdefault(meta.tokenizer, root)
     if len(tokenizers) > 1:
@@ -268,6 +270,19 @@ def bin_train_set(cfg, rank: int):
     check_epoch(cfg.data_mix, [len(p) for p in parts])
     order = MixedOrder(sample_counts(list(cfg.data_mix.values()), [len(p) for p in parts]), [len(p) for p in parts])
     return MixedBins(parts, order), order
+
+
+def no_documents_note(root: str, meta: Meta) -> Optional[str]:
+    """doc_aligned=True on a .bin whose meta.json counts at most one document in train.bin (no eot_token, or one):
+    there are no document starts to align rows to, so its rows are plain cuts of the tokens; a note says so. None
+    otherwise, and for a folder without meta.json (nanoGPT's: its documents are not counted)."""
+    split = meta.splits["train"]
+    if not (Path(root) / META_NAME).is_file() or split.documents > 1:
+        return None
+    return (f"note: doc_aligned=True, but {Path(root) / META_NAME} counts {split.documents} document"
+            f"{'' if split.documents == 1 else 's'} in {split.file} (eot_token {meta.eot_token} "
+            f"{'occurs once' if split.documents else 'never occurs'}): no document starts to align rows to, so they "
+            "are plain cuts of its tokens; prepare_data.py ends each document with eot_token, or set doc_aligned=False")
 
 
 def bin_val_set(cfg, rank: int):

@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import NamedTuple, Optional
 
@@ -21,10 +22,11 @@ from pilegpt.checkpoint import existing_checkpoints
 from pilegpt.common import UserError, atomic_write_text, check_writable_folder
 from pilegpt.s3 import S3Dir
 from pilegpt.train.config import (
-    CUSTOM_MODEL_FIELDS,
     GPT_ONLY_FIELDS,
-    PART_RATES,
-    SHAPE_FIELDS,
+    INIT_ONLY,
+    ON_RESUME,
+    PART_GROUP,
+    REFUSED,
     TrainConfig,
     saved_form,
     setting_default,
@@ -44,6 +46,8 @@ class RunFolder(NamedTuple):
     run_dir: str  # config.json, model.pt, metrics and logs: save_folder, or runs/{run_name} uploaded beside it
     remote: Optional[S3Dir]  # save_folder when it is remote, else None
     found: list[str]  # the checkpoints already in save_folder
+    data: dict  # data.json's record of what the run trains on (data_record.py), written as training begins
+    made: MadeFolders  # the folders this run made: removed if it stops before training
 
     @property
     def resuming(self) -> bool:
@@ -63,11 +67,14 @@ def prepare(cfg: TrainConfig, world: cluster.World, device: str, held: contextli
     check_writable_folder(run_dir, "save_folder" if run_dir == save_folder else "the run's local folder",
                           "choose another --save_folder or --run_name" if run_dir == save_folder else
                           "run train.py from a folder you can write in")
+    made = MadeFolders([run_dir] if remote else [save_folder])  # before anything makes them
     if world.nodes > 1:  # a local save_folder must be one folder every node sees (rank 0 alone writes it), else refused
         cluster.check_shared_save_folder(save_folder, device, world.size, world.local_size)
         held.enter_context(compat.node_signal_files_per_node())  # Composer's waits across nodes (compat.py)
     if world.rank == 0:  # before anything in the folder is read or repaired
+        held.push(made)  # on the way out, after the lock is released: a refused run leaves nothing behind
         held.enter_context(lock.hold(save_folder, cfg.run_name))  # a second run into save_folder is refused
+        made.owned = True  # (a run refused by the lock removes nothing: the folder is another run's)
         if remote:
             claim_staging_folder(run_dir, save_folder)
     if cfg.autoresume:
@@ -76,13 +83,48 @@ def prepare(cfg: TrainConfig, world: cluster.World, device: str, held: contextli
     if found and not cfg.autoresume and not cfg.save_overwrite:
         raise UserError(f"{save_folder} already holds checkpoints ({found[0]}...): pass --autoresume=True to "
                         "continue that run, --save_overwrite=True to start over, or another --run_name/--save_folder")
-    folder = RunFolder(cfg, save_folder, run_dir, remote, found)
+    folder = RunFolder(cfg, save_folder, run_dir, remote, found, {}, made)
     if folder.resuming:
         check_same_model(cfg, run_dir, save_folder)
-    cfg, data_format = record_data(folder, world)
-    if data_format == "mds":
-        refresh_cache(cfg, world, device)
-    return folder._replace(cfg=cfg)
+        cfg, note = keep_initial_settings(cfg, run_dir)
+        if note and world.rank == 0:
+            print(note, flush=True)
+        folder = folder._replace(cfg=cfg)
+    folder = record_data(folder, world)
+    if folder.data["format"] == "mds":
+        refresh_cache(folder.cfg, world, device)
+    return folder
+
+
+class MadeFolders:
+    """The local folders a run makes before it trains (save_folder with its lock, or an s3:// run's runs/{run_name}),
+    each named by its first part that did not exist. An exit callback (ExitStack.push): a run refused or stopped
+    before training (before `started()`) removes them, so that it leaves nothing behind; a folder that was there
+    before the run, and everything in it, is never touched."""
+
+    def __init__(self, folders: list[str]):
+        self.folders = list(dict.fromkeys(first_missing(f) for f in folders if first_missing(f)))
+        self.owned, self.training = False, False  # owned: this run holds the lock of the folders it made
+
+    def started(self) -> None:
+        """Training begins (config.json and data.json are written): from here on the folders are the run's."""
+        self.training = True
+
+    def __call__(self, exc_type, exc, tb) -> None:  # None: the exception, if any, goes on
+        if exc_type is not None and self.owned and not self.training:
+            for made in self.folders:  # unless a run that started since holds it
+                if not any(Path(made).rglob(lock.LOCK_NAME)):
+                    shutil.rmtree(made, ignore_errors=True)
+
+
+def first_missing(path: str) -> Optional[str]:
+    """The outermost folder of `path` (itself or an ancestor) that does not exist yet, or None when it exists."""
+    path = os.path.abspath(path)
+    if os.path.lexists(path):
+        return None
+    while not os.path.lexists(os.path.dirname(path)):
+        path = os.path.dirname(path)
+    return path
 
 
 def claim_staging_folder(run_dir: str, save_folder: str) -> None:
@@ -115,9 +157,10 @@ def repair_checkpoints(cfg: TrainConfig, save_folder: str, world: cluster.World,
 
 
 def check_same_model(cfg: TrainConfig, run_dir: str, save_folder: str) -> None:
-    """Autoresume loads the checkpoint into this config's model and optimizer: refuse, in one line, a model of another
-    shape, or another optimizer, than the run's config.json records (Composer itself fails with a KeyError deep in the
-    load, or loads AdamW's learning rates into Muon's groups)."""
+    """Autoresume loads the checkpoint into this config's model and optimizer: refuse, in one line, each setting that
+    config.ON_RESUME marks refused (another model, optimizer or seed) or, for a part's rate, set or unset, when it
+    differs from the run's config.json (Composer itself fails with a KeyError deep in the load, or loads AdamW's
+    learning rates into Muon's groups)."""
     path = os.path.join(run_dir, CONFIG_JSON)
     if not os.path.isfile(path):
         return
@@ -126,20 +169,49 @@ def check_same_model(cfg: TrainConfig, run_dir: str, save_folder: str) -> None:
     if (optimizer := recorded(saved, "optimizer")) != cfg.optimizer:
         raise UserError(f"autoresume: the checkpoints in {save_folder} are of optimizer {optimizer}; this run asks "
                         f"for {cfg.optimizer}: {fix}")
-    # a key config.json lacks is a setting added since the run began (it ran with the default), or, in a run of
-    # a model_class, one of the GPT's own, which shape nothing of it (used_settings leaves them out)
-    names = [k for k in (*SHAPE_FIELDS, *CUSTOM_MODEL_FIELDS) if k in saved or not (saved.get("model_class") and
-                                                                                   k in GPT_ONLY_FIELDS)]
-    changed = [f"{k}={getattr(cfg, k)!r} (the run has {recorded(saved, k)!r})" for k in names
-               if saved_form(recorded(saved, k)) != saved_form(getattr(cfg, k))]  # (64,) went in as [64]
+    by_rule: dict[str, list[str]] = {}  # "another model" -> ["n_layer=3 (the run has 2)", ...]
+    for k in compared(saved, REFUSED):
+        if saved_form(recorded(saved, k)) != saved_form(getattr(cfg, k)):  # (64,) went in as [64]
+            by_rule.setdefault(ON_RESUME[k][1], []).append(f"{k}={getattr(cfg, k)!r} (the run has "
+                                                           f"{recorded(saved, k)!r})")
     # a part's own rate is a parameter group of its own in the checkpoints, or none: set or unset, it cannot load
-    toggled = [f"{k}={getattr(cfg, k)!r} (the run has {recorded(saved, k)!r})" for k in PART_RATES
+    toggled = [f"{k}={getattr(cfg, k)!r} (the run has {recorded(saved, k)!r})" for k in compared(saved, PART_GROUP)
                if bool(recorded(saved, k)) != bool(getattr(cfg, k))]
-    problems = [f"are of another model: {', '.join(changed)}"] if changed else []
+    problems = [f"are of {rule}: {', '.join(changed)}" for rule, changed in by_rule.items()]
     problems += [f"have another optimizer layout: {', '.join(toggled)} (a part's rate set or unset adds or drops a "
                  "parameter group; only a change between rates resumes)"] if toggled else []
     if problems:
         raise UserError(f"autoresume: the checkpoints in {save_folder} {'; and '.join(problems)}; {fix}")
+
+
+def compared(saved: dict, kind: str) -> list[str]:
+    """The settings of one kind of config.ON_RESUME that a resume compares with the run's config.json: a key it lacks
+    is a setting added since the run began (it ran with the default), or, in a run of a model_class, one of the GPT's
+    own, which shape nothing of it (used_settings leaves them out)."""
+    return [k for k, (rule_kind, _) in ON_RESUME.items() if rule_kind == kind and k != "optimizer"
+            and (k in saved or not (saved.get("model_class") and k in GPT_ONLY_FIELDS))]
+
+
+def keep_initial_settings(cfg: TrainConfig, run_dir: str) -> tuple[TrainConfig, Optional[str]]:
+    """The settings config.ON_RESUME marks init-only act only when a run starts (a resume's weights come from its
+    checkpoint): changed on autoresume, the run keeps the value it started with, in config.json too, and a note says
+    so. Returns the config and the note (None when nothing changed or there is no config.json)."""
+    path = os.path.join(run_dir, CONFIG_JSON)
+    if not os.path.isfile(path):
+        return cfg, None
+    saved = saved_config(path)
+    kept = {k: recorded(saved, k) for k in compared(saved, INIT_ONLY)
+            if saved_form(recorded(saved, k)) != saved_form(getattr(cfg, k))}
+    if not kept:
+        return cfg, None
+    asked = ", ".join(f"{k}={getattr(cfg, k)!r}" for k in kept)
+    try:
+        cfg = dataclasses.replace(cfg, **kept)
+    except (ValueError, TypeError) as e:
+        raise UserError(f"{path} records {kept} ({e}): restore it from a copy") from None
+    return cfg, (f"note: autoresume: {asked} act{'s' if len(kept) == 1 else ''} only when a run starts (the weights "
+                 f"come from the checkpoint): the run keeps {', '.join(f'{k}={v!r}' for k, v in kept.items())}, as "
+                 f"it started ({path})")
 
 
 def recorded(saved: dict, name: str) -> object:
@@ -178,10 +250,11 @@ def optimizer_setting(class_name: str) -> str:
     return {"AdamW": "adamw", "Muon": "muon"}.get(class_name, class_name)
 
 
-def record_data(folder: RunFolder, world: cluster.World) -> tuple[TrainConfig, str]:
-    """Compare the data with the run's data.json when resuming (data_record.py), then record it. Returns the config
-    (MDS: num_canonical_nodes fixed, so that the sample order is the run's on any number of nodes) and the data's
-    format ("bin" or "mds")."""
+def record_data(folder: RunFolder, world: cluster.World) -> RunFolder:
+    """Compare the data with the run's data.json when resuming (data_record.py), and describe it for the data.json
+    written as training begins (train.py), so that a run refused before then writes none. Returns the folder with the
+    record and the config (MDS: num_canonical_nodes fixed, so that the sample order is the run's on any number of
+    nodes)."""
     cfg, save_folder = folder.cfg, folder.save_folder
     data = data_record.describe(cfg)  # what the run trains on (MDS: every index read, its shard names checked)
     note = data_record.check_resume(data, save_folder, cfg.data_changed_ok) if folder.resuming else None
@@ -189,11 +262,9 @@ def record_data(folder: RunFolder, world: cluster.World) -> tuple[TrainConfig, s
         cfg = dataclasses.replace(cfg, num_canonical_nodes=data_record.canonical_nodes(
             cfg, save_folder if folder.resuming else None, world.nodes))
         data["num_canonical_nodes"] = cfg.num_canonical_nodes
-    if world.rank == 0:
-        if note:
-            print(note, flush=True)
-        data_record.write(data, save_folder)
-    return cfg, data["format"]
+    if note and world.rank == 0:
+        print(note, flush=True)
+    return folder._replace(cfg=cfg, data=data)
 
 
 def refresh_cache(cfg: TrainConfig, world: cluster.World, device: str) -> None:

@@ -24,7 +24,7 @@ from pilegpt.train.callbacks import MetricsLog
 from pilegpt.train.config import TrainConfig, used_settings
 from pilegpt.train.data.loaders import mix_shares
 from pilegpt.train.report import PLOT, REPORT, write_report
-from pilegpt.train.run import cluster
+from pilegpt.train.run import cluster, data_record
 from pilegpt.train.run.cluster import World
 from pilegpt.train.run.folder import CONFIG_JSON, RunFolder
 from pilegpt.train.run.preemption import PREEMPTED, StopOnSignal
@@ -110,8 +110,11 @@ def run_info(cfg: TrainConfig, world_size: int, device: str, precision: str, dat
 
 def write_run_info(trainer: Trainer, cfg: TrainConfig, folder: RunFolder, world: World, device: str,
                    precision: str) -> None:
-    """config.json beside the checkpoints (rank 0), and every setting to the trackers (W&B, MLflow, TensorBoard)."""
+    """data.json and config.json beside the checkpoints (rank 0), and every setting to the trackers (W&B, MLflow,
+    TensorBoard)."""
     if world.rank == 0:
+        folder.made.started()  # the run's folders stay from here on, whatever happens
+        data_record.write(folder.data, folder.save_folder)  # what it trains on (compared when it resumes)
         path = os.path.join(folder.run_dir, CONFIG_JSON)
         shares = mix_shares(cfg, trainer.state.train_dataloader.dataset)
         info = run_info(cfg, world.size, device, precision, shares)
