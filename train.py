@@ -66,6 +66,7 @@ from pilegpt.train.callbacks import (
     SampleText,
     StopOnNonFinite,
     build_loggers,
+    figure,
 )
 from pilegpt.train.cluster import World
 from pilegpt.train.config import PART_RATES, TrainConfig, config_text, unused_gpt_settings, used_settings
@@ -541,7 +542,7 @@ def print_summary(state, start_batch: int, start_tokens: int, seconds: float, me
     batches, tokens = int(state.timestamp.batch) - start_batch, int(state.timestamp.token) - start_tokens
     loss = state.total_loss_dict.get("loss/train/total", math.nan) if state.total_loss_dict else math.nan
     last = metrics_log.last_eval
-    val = "".join(f", {k.replace('_', ' ')} {last[k]:.4f}" for k in ("val_loss", "val_bpb") if k in last)
+    val = "".join(f", {k.replace('_', ' ')} {figure(last[k])}" for k in ("val_loss", "val_bpb") if k in last)
     resumed = f" (resumed at batch {start_batch})" if start_batch else ""
     print(f"done: {batches} batches, {tokens:,} tokens in {seconds:.1f} s ({tokens / max(seconds, 1e-9):,.0f} "
           f"tokens/s){resumed}; train loss {loss:.4f}{val}; export {os.path.join(folder.save_folder, EXPORT_NAME)}",
