@@ -191,15 +191,22 @@ def mds_split(cfg, split: str, batch_size: int, shuffle: bool, weighted: bool = 
                               **(cfg.data_mix.get(root, {}) if weighted else {})))
     try:
         with compat.streaming_start_lock():  # two runs starting at once; shared memory a crash left
+            if os.environ.get("LOCAL_RANK", "0") == "0" and compat.caches_read_elsewhere([s.local for s in streams]):
+                raise shared_cache_error(cfg, split, roots)  # another run reads it (Streaming's check misses one)
             return CheckedStreamingDataset(streams=streams, batch_size=batch_size, shuffle=shuffle,
                                            shuffle_seed=cfg.seed, num_canonical_nodes=cfg.num_canonical_nodes)
     except (FileNotFoundError, ValueError) as e:
         if str(e).startswith("Reused local directory") and " vs " in str(e):  # a live dataset of another process
-            where = roots[0] if len(roots) == 1 else f"{len(roots)} roots"
-            raise UserError(f"MDS split {split}/ of {where}: another process on this machine reads it through the "
-                            f"same cache under data_local={cfg.data_local} (two runs on one dataset cannot share a "
-                            "cache): pass this run --data_local=ANOTHER_FOLDER") from None
+            raise shared_cache_error(cfg, split, roots) from None
         raise UserError(f"cannot open MDS split {split}/ of {roots}: {e}") from None
+
+
+def shared_cache_error(cfg, split: str, roots: list[str]) -> UserError:
+    """Another run on this machine reads split/ of these roots through this run's cache folders (one data_local)."""
+    where = roots[0] if len(roots) == 1 else f"{len(roots)} roots"
+    return UserError(f"MDS split {split}/ of {where}: another process on this machine reads it through the same cache "
+                     f"under data_local={cfg.data_local} (two runs on one dataset cannot share a cache): pass this run "
+                     "--data_local=ANOTHER_FOLDER")
 
 
 def check_aligned(where: str, made: Optional[bytes]) -> None:
