@@ -333,6 +333,46 @@ def _paths_held(proc: Path, prefix: str) -> Iterator[str]:
             yield line[at + len(prefix):].removesuffix(" (deleted)")
 
 
+def caches_read_elsewhere(caches: list[str]) -> list[str]:
+    """Those of `caches` (a StreamingDataset's local folders, about to be made) that a live StreamingDataset of
+    another process on this machine reads through: another run on one dataset with one data_local. Call it under
+    streaming_start_lock, after its clean-up, on a local leader; Linux only (it reads /proc), elsewhere [].
+
+    Private: Streaming registers each dataset's local folders in a "{prefix:06}_locals" block (int32 size, the
+    folders joined by NUL, NUL, the prefix; streaming.base.shared.prefix) and checks a new dataset against them
+    itself, but its walk stops at the first free prefix and skips every prefix whose file lock exists in the
+    temporary folder, which a dataset makes once it reads a shard: a run that has started reading is never seen.
+    This reads every block, and counts one only where a process other than this one (and its DataLoader workers)
+    has it open or mapped."""
+    folder = SHARED_MEMORY
+    if not Path("/proc/self/fd").is_dir() or not folder.is_dir():
+        return []
+    ours = {os.path.realpath(c) for c in caches}
+    found = set()
+    for block in folder.glob("[0-9][0-9][0-9][0-9][0-9][0-9]_locals"):
+        with contextlib.suppress(OSError, ValueError, UnicodeDecodeError):
+            data = block.read_bytes()
+            size = int.from_bytes(data[:4], "little")
+            theirs = {os.path.realpath(t) for t in data[4:size].decode("utf-8").split("\0")[:-1] if t}
+            if ours & theirs and _held_by_another_process(block.name):
+                found |= ours & theirs
+    return sorted(found)
+
+
+def _held_by_another_process(name: str) -> bool:
+    """Whether a process other than this one and its children has /dev/shm/`name` open or mapped (/proc)."""
+    me = os.getpid()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == me:
+            continue
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            if int((proc / "stat").read_text().rpartition(")")[2].split()[1]) == me:
+                continue  # a DataLoader worker of this process
+            if name in set(_paths_held(proc, f"{SHARED_MEMORY}/")):
+                return True
+    return False
+
+
 def mds_writer_checks() -> tuple[Any, Any, Any, Any]:
     """(get_compressions, is_compression, is_hash, bytes_to_int): how MDSWriter validates its settings, to check
     to_mds's flags before any work. Not exported by `streaming`: streaming.base.{compression,hashing,util}."""

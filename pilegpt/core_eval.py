@@ -165,7 +165,25 @@ def check_row(row, kind: str, where: str) -> dict:
     options = row.get("choices", row.get("context_options"))
     if "gold" in FIELDS[kind] and not 0 <= row["gold"] < len(options):
         raise UserError(f"{where}: gold {row['gold']} is not the index of one of its {len(options)} options")
+    empty = nothing_to_score(row, kind)
+    if empty:
+        raise UserError(f"{where}: {empty}, which leaves nothing of the row to score; fix or drop the row")
     return row
+
+
+def nothing_to_score(row: dict, kind: str) -> Optional[str]:
+    """Why a checked row would be scored on none of its own text, or None: an empty continuation (language
+    modelling would score the delimiter alone, or nothing, and count the row wrong; schema the delimiter shared by
+    every option), an empty choice (its row scores nothing, so it is never picked), or options that are all one
+    text (nothing tells them apart: the first would win every time)."""
+    if kind in ("language_modeling", "schema") and row["continuation"] == "":
+        return "its continuation is empty"
+    options = row.get("choices", row.get("context_options"))
+    if kind == "multiple_choice" and "" in options:
+        return f"choice {options.index('')} is empty"
+    if options is not None and len(set(options)) == 1:
+        return f"its {len(options)} {'choices' if kind == 'multiple_choice' else 'context_options'} are one text"
+    return None
 
 
 def download(url: str = URL, cache_dir: Path = CACHE_DIR) -> Path:

@@ -308,8 +308,11 @@ class MetricsLog(LoggerDestination):
             elif key.startswith("metrics/") and key.count("/") == 2:  # metrics/{eval set}/{metric}: val_loss, owt_bpb
                 _, label, metric = key.split("/")
                 if label != "train" and metric in self.EVAL_METRICS:
-                    self.row[f"{label}_{self.EVAL_METRICS[metric]}"] = float(value)
-                    self.last_eval[f"{label}_{self.EVAL_METRICS[metric]}"] = float(value)
+                    figure = float(value)
+                    if metric == "BitsPerByte" and math.isnan(figure):  # no bytes under it (BitsPerByte): no figure
+                        figure = None
+                    self.row[f"{label}_{self.EVAL_METRICS[metric]}"] = figure
+                    self.last_eval[f"{label}_{self.EVAL_METRICS[metric]}"] = figure
 
     def batch_checkpoint(self, state: State, logger: Logger) -> None:
         # After BATCH_END and the evaluations of this batch: the row is complete.
@@ -332,13 +335,18 @@ class MetricsLog(LoggerDestination):
                   flush=True)
         evals = [(k[:-len("_loss")], v) for k, v in row.items() if k.endswith("_loss")]
         if evals or "hellaswag_acc" in row or "core" in row:
-            parts = [f"{label} loss {loss:.4f}" + (f" bpb {row[label + '_bpb']:.4f}" if label + "_bpb" in row else "")
-                     for label, loss in evals]
+            parts = [f"{label} loss {loss:.4f}" + (f" bpb {figure(row[label + '_bpb'])}" if label + "_bpb" in row
+                                                   else "") for label, loss in evals]
             if "hellaswag_acc" in row:
                 parts.append(f"hellaswag acc {row['hellaswag_acc']:.4f} acc_norm {row['hellaswag_acc_norm']:.4f}")
             if "core" in row:
                 parts.append(f"core {row['core']:.4f}")
             print(f"step {batch}/{total} | " + " | ".join(parts), flush=True)
+
+
+def figure(value: Optional[float]) -> str:
+    """A logged figure as the step log and the last line print it: none where there is none (a bpb of no bytes)."""
+    return "none" if value is None else f"{value:.4f}"
 
 
 def build_loggers(cfg) -> list:

@@ -56,7 +56,8 @@ class BitsPerByte(Metric):
 
     nanochat's definition: each target token's loss in nats, divided by ln 2, summed, over the total number of
     UTF-8 bytes those tokens stand for; tokens that stand for no text (<|endoftext|>, ids past the tokenizer's
-    vocabulary) are left out of both sums."""
+    vocabulary) are left out of both sums. With no byte at all (every target <|endoftext|>) there is no figure: NaN,
+    which MetricsLog records as null and prints as none (as eval.py's Pile BPB gives none), never 0."""
 
     full_state_update = False
 
@@ -78,4 +79,6 @@ class BitsPerByte(Metric):
         self.sum_bytes += nbytes.sum().to(self.sum_bytes.device)
 
     def compute(self) -> torch.Tensor:
-        return self.sum_bits / self.sum_bytes.clamp(min=1)
+        if int(self.sum_bytes) == 0:
+            return torch.tensor(math.nan, dtype=torch.float64, device=self.sum_bits.device)
+        return self.sum_bits / self.sum_bytes

@@ -107,7 +107,8 @@ def is_row(row) -> bool:
     return (isinstance(row, dict) and isinstance(row.get("batch"), int) and not isinstance(row["batch"], bool)
             and all(isinstance(v, number) and not isinstance(v, bool) for k, v in row.items()
                     if k in ("loss", "tokens", "time_s", "tokens_per_sec", "mfu", "hellaswag_acc",
-                             "hellaswag_acc_norm", "core") or k.endswith(("_loss", "_bpb"))))
+                             "hellaswag_acc_norm", "core") or k.endswith("_loss")
+                    or (k.endswith("_bpb") and v is not None)))  # a bpb of no bytes is null: no figure
 
 
 def read_metrics(folder, names: list[str]) -> Metrics:
@@ -245,7 +246,8 @@ def training_lines(metrics: Metrics) -> list[str]:
         for label, figures in metrics.evals.items():
             loss, batch = figures.get("loss", (float("nan"), "-"))
             bpb = figures.get("bpb", (float("nan"), ""))[0]
-            lines.append(f"| {label} | {loss:.4f} | {bpb:.4f} | {batch} |")
+            bpb = "none (no bytes)" if bpb is None else f"{bpb:.4f}"
+            lines.append(f"| {label} | {loss:.4f} | {bpb} | {batch} |")
     return lines
 
 

@@ -18,14 +18,18 @@ from helpers import (
     REPO,
     SMALL,
     failed_with_one_line,
+    finish,
+    kill_group,
     losses_by_batch,
     main_error,
     read_jsonl,
     run_command,
     run_train,
+    start_train,
     streaming_dataset,
     succeeded,
     train_env,
+    wait_until,
     write_mds,
     write_mds_splits,
 )
@@ -253,21 +257,47 @@ def test_a_rebuilt_mds_dataset_is_refused_on_resume_and_its_stale_cache_refreshe
 
 
 def test_two_runs_on_one_mds_dataset_with_one_data_local_is_one_line_naming_data_local(tmp_path):
-    """Another run on this machine reads the dataset through the default cache: this one is one line naming
-    data_local (not Streaming's advice to clean shared memory that other runs hold); with a data_local of its own
-    it trains beside it."""
-    from pilegpt.train.data.loaders import mds_cache_dir
-
+    """A second run on the dataset, started while the first trains through the same cache (a local root, no
+    remote), trained to its end beside it: Streaming's own check skips a dataset that has read a shard. It is one
+    line naming data_local (not Streaming's advice to clean shared memory other runs hold); with a data_local of its
+    own it trains beside the first, which trains on."""
     root = write_mds_splits(tmp_path / "mds", np.random.default_rng(8).integers(0, 50257, 20_000).astype(np.uint16))
     cache = tmp_path / "cache"
-    other_run = streaming_dataset(remote=str(root / "train"), local=mds_cache_dir(str(cache), str(root), "train"),
+    args = [f"--data_dir={root}", *TRAIN, f"--data_local={cache}"]
+    first = start_train([*args, "--max_duration=100000ba", "--eval_interval=100000ba", "--save_interval=100000ba",
+                         f"--save_folder={tmp_path / 'run1'}", "--run_name=first",
+                         "--callbacks={'faults:SlowBatches': {'seconds': 0.2}}"], tmp_path)
+    try:
+        wait_until((tmp_path / "run1" / "metrics.jsonl").exists, first, "the first run's first batch", seconds=240)
+        second = [*args, f"--save_folder={tmp_path / 'run2'}", "--run_name=second"]
+        line = failed_with_one_line(run_train(second, tmp_path))
+        assert line == (f"error: MDS split train/ of {root}: another process on this machine reads it through the "
+                        f"same cache under data_local={cache} (two runs on one dataset cannot share a cache): pass "
+                        "this run --data_local=ANOTHER_FOLDER")
+        succeeded(run_train([*second, f"--data_local={tmp_path / 'cache2'}"], tmp_path))
+        assert first.poll() is None  # the first run trains on
+        assert len(read_jsonl(tmp_path / "run1" / "metrics.jsonl")) >= 1
+    finally:
+        kill_group(first)  # the run this test started, by its process group
+        finish(first)
+
+
+def test_a_run_on_an_s3_mds_root_another_process_reads_through_one_data_local_is_one_line(s3_env, tmp_path):
+    """The same for an s3:// root: a StreamingDataset of this process (another run) has read its first sample
+    through the cache a run on that root would use; the run is one line naming data_local."""
+    from pilegpt.train.data.loaders import mds_cache_dir
+
+    root = write_mds_splits(tmp_path / "mds", np.random.default_rng(7).integers(0, 50257, 20_000).astype(np.uint16))
+    remote = s3_env.upload_tree(root, f"shared-{os.getpid()}/mds")
+    cache = tmp_path / "cache"
+    other_run = streaming_dataset(remote=f"{remote}/train", local=mds_cache_dir(str(cache), remote, "train"),
                                   shuffle=False, batch_size=1)
-    args = [f"--data_dir={root}", *TRAIN, f"--save_folder={tmp_path / 'run'}", "--run_name=second"]
-    line = failed_with_one_line(run_train([*args, f"--data_local={cache}"], tmp_path))
-    assert line == (f"error: MDS split train/ of {root}: another process on this machine reads it through the same "
+    assert len(other_run[0]["x"]) == 32  # read, as a run reads its first sample at start
+    args = [f"--data_remote={remote}", *TRAIN, f"--save_folder={tmp_path / 'run'}", f"--data_local={cache}"]
+    line = failed_with_one_line(run_train(args, tmp_path))
+    assert line == (f"error: MDS split train/ of {remote}: another process on this machine reads it through the same "
                     f"cache under data_local={cache} (two runs on one dataset cannot share a cache): pass this run "
                     "--data_local=ANOTHER_FOLDER")
-    succeeded(run_train([*args, f"--data_local={tmp_path / 'cache2'}"], tmp_path))
     assert len(list(other_run)) == other_run.epoch_size  # the other run reads on
 
 

@@ -80,17 +80,19 @@ def test_offline_without_data_is_one_line_naming_the_fix(model_file, tmp_path):
 
 def test_training_reports_bpb_named_eval_sets_and_hellaswag_as_eval_py_scores_it(tmp_path, monkeypatch, capsys):
     """One tiny run (in this process): val_bpb equals an independent computation over the same val windows, a named
-    eval set gets its own figures, and the in-training HellaSwag and CORE figures equal eval.py's on the exported
-    weights; report.md shows the run's CORE."""
+    eval set gets its own figures (one of <|endoftext|> only: its loss, and no bpb: null, none), and the in-training
+    HellaSwag and CORE figures equal eval.py's on the exported weights; report.md shows the run's CORE."""
     tokens = shakespeare_tokens()
     bundle = write_core_bundle(tmp_path / "bundle")
     write_bin(tmp_path / "data", tokens[:20_000])
     write_bin(tmp_path / "other", tokens[100_000:110_000])
+    write_bin(tmp_path / "blank", {"train": tokens[:2_000], "val": np.full(200, gpt2().eot_token)})  # no bytes
     monkeypatch.chdir(tmp_path)
     capsys.readouterr()
     train_main([*SMALL, f"--data_dir={tmp_path / 'data'}", "--max_duration=4ba", "--eval_interval=4ba",
                 "--eval_subset_num_batches=-1", "--progress_bar=False", "--save_folder=run", "--sample_length=0",
-                f"--eval_data={{'other': {str(tmp_path / 'other')!r}}}", "--hellaswag_examples=20",
+                f"--eval_data={{'other': {str(tmp_path / 'other')!r}, 'blank': {str(tmp_path / 'blank')!r}}}",
+                "--hellaswag_examples=20",
                 f"--hellaswag_data={HELLASWAG_TINY}", "--core_examples=4", f"--core_data={bundle}"])
     out = capsys.readouterr().out
     row = read_jsonl(tmp_path / "run" / "metrics.jsonl")[-1]
@@ -99,10 +101,14 @@ def test_training_reports_bpb_named_eval_sets_and_hellaswag_as_eval_py_scores_it
     assert f"core {row['core']:.4f}" in out
     report = (tmp_path / "run" / "report.md").read_text()
     assert f"| this run, batch 4 (the first 4 of each task, in training) | {row['core']:.4f} |" in report
+    # an eval set of <|endoftext|> only stands for no bytes: no bpb (null, none), never 0.0000
+    assert row["blank_bpb"] is None and '"blank_bpb": null' in (tmp_path / "run" / "metrics.jsonl").read_text()
+    assert f"blank loss {row['blank_loss']:.4f} bpb none" in out
+    assert f"| blank | {row['blank_loss']:.4f} | none (no bytes) | 4 |" in report
 
     model = load_model(str(tmp_path / "run" / "model.pt"))
     enc = gpt2()
-    for label, folder in (("val", "data"), ("other", "other")):
+    for label, folder in (("val", "data"), ("other", "other"), ("blank", "blank")):
         val = np.fromfile(tmp_path / folder / "val.bin", dtype=np.uint16)
         x, y = read_windows(val, window_starts(len(val), 32), 32)
         with torch.no_grad():
@@ -112,6 +118,9 @@ def test_training_reports_bpb_named_eval_sets_and_hellaswag_as_eval_py_scores_it
         nbytes = torch.tensor([0 if t == enc.eot_token else len(enc.decode_single_token_bytes(int(t)))
                                for t in y.reshape(-1)])
         assert math.isclose(row[f"{label}_loss"], float(losses.mean()), rel_tol=1e-5)
+        if label == "blank":
+            assert nbytes.sum() == 0 and row["blank_bpb"] is None
+            continue
         bpb = float(losses[nbytes > 0].sum() / math.log(2) / nbytes.sum())
         assert math.isclose(row[f"{label}_bpb"], bpb, rel_tol=1e-5), (label, row[f"{label}_bpb"], bpb)
 

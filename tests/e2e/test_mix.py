@@ -137,11 +137,36 @@ def write_two_mds_roots(folder: Path) -> dict:
     return {str(folder / "ma"): {"repeat": 1.0}, str(folder / "mb"): {"repeat": 2.0}}
 
 
+def mix_val_loss_by_hand(model_path: Path, roots: list[str], cache: Path, n: int, seed: int) -> dict:
+    """The val loss of a mix as its definition reads: the roots' val samples laid end to end, the first n positions
+    of the seed's keyed permutation (bin_reader.permute) read, each sample's mean token loss under the exported
+    model in a plain loop; {root index: its losses}, so the mix's loss is the token-weighted mean over roots."""
+    import torch
+    import torch.nn.functional as F
+
+    from helpers import read_mds
+    from pilegpt.checkpoint import load_model
+    from pilegpt.train.data.bin_reader import permute
+
+    samples = [(k, s) for k, root in enumerate(roots) for s in read_mds(f"{root}/val", cache / f"hand{k}")]
+    model, by_root = load_model(str(model_path)), {}
+    for i in permute(np.arange(n, dtype=np.int64), len(samples), seed << 20).tolist():
+        k, s = samples[i]
+        x, y = (torch.from_numpy(np.asarray(s[c], dtype=np.int64))[None] for c in ("x", "y"))
+        with torch.no_grad():
+            logits, _ = model(x, y)
+        by_root.setdefault(k, []).append(float(F.cross_entropy(logits[0].double(), y[0])))
+    return by_root
+
+
 @pytest.mark.parametrize("nproc", [0, 2])
 def test_an_mds_mix_with_an_eval_set_per_root_trains_on_one_and_two_processes(tmp_path, nproc, one_torch_thread):
+    """Each root gets its eval set, and the mix's val set draws across the roots (it read the first root alone:
+    val_loss was ma_loss to the last digit): val_loss is the token-weighted mean of each root's loss over the
+    windows a keyed permutation picks, computed here in a plain loop, on 1 and 2 processes alike."""
     mix = write_two_mds_roots(tmp_path / "data")
     args = [*SMALL, f"--data_mix={mix!r}", f"--data_local={tmp_path / 'cache'}", "--device=cpu", "--sample_length=0",
-            "--max_duration=2ba", "--eval_interval=2ba", "--eval_subset_num_batches=1", "--progress_bar=False",
+            "--max_duration=2ba", "--eval_interval=2ba", "--eval_subset_num_batches=3", "--progress_bar=False",
             f"--save_folder={tmp_path / 'run'}", "--run_name=mdsmix"]
     if nproc:
         succeeded(run_train(args, tmp_path, nproc=nproc))
@@ -150,6 +175,11 @@ def test_an_mds_mix_with_an_eval_set_per_root_trains_on_one_and_two_processes(tm
     last = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "val_loss" in r][-1]
     assert {"val_loss", "ma_loss", "ma_bpb", "mb_loss", "mb_bpb"} <= set(last)
     assert last["ma_loss"] != last["mb_loss"]
+    by_root = mix_val_loss_by_hand(tmp_path / "run" / "model.pt", list(mix), tmp_path, 3 * 4, seed=1337)
+    assert sorted(by_root) == [0, 1]  # both roots' windows (ma's 20 and mb's 10 val samples, 12 of them read)
+    weighted = sum(sum(v) for v in by_root.values()) / sum(len(v) for v in by_root.values())  # 32 tokens a window
+    assert last["val_loss"] == pytest.approx(weighted, rel=1e-5)
+    assert last["val_loss"] != last["ma_loss"]  # it was ma's to the last digit
 
 
 def test_two_folders_of_one_pile_component_are_one_line_naming_both(tmp_path, monkeypatch, capsys):

@@ -192,6 +192,27 @@ def test_too_few_rows_for_the_few_shot_examples_names_the_fix(tmp_path, model_fi
     assert "no core.yaml in it" in line
 
 
+@pytest.mark.parametrize("task, row, why", [
+    ("lm", {"context": "Count 9: one two three", "continuation": ""}, "its continuation is empty"),
+    ("schema", {"context_options": ["Ann fed the dog", "Ann fed the cat"], "continuation": "", "gold": 1},
+     "its continuation is empty"),
+    ("mc", {"query": "The sky is", "choices": ["blue", ""], "gold": 1}, "choice 1 is empty"),
+    ("mc", {"query": "The sky is", "choices": ["blue", "blue", "blue"], "gold": 2}, "its 3 choices are one text"),
+    ("schema", {"context_options": ["Ann fed it", "Ann fed it"], "continuation": "x", "gold": 0},
+     "its 2 context_options are one text"),
+])
+def test_a_row_that_leaves_nothing_to_score_is_refused_naming_its_line(tmp_path, model_file, capsys, task, row, why):
+    """An LM row whose continuation is "" was scored on the delimiter alone (" ", counted wrong in silence, CORE
+    lowered); each such row is eval.py's one line FILE:LINE, like every other malformed row (train.py's core_data is
+    read by the same core_eval.load)."""
+    write_core_bundle(tmp_path / "b", CORE_BUNDLE)
+    data = tmp_path / "b" / "eval_data" / "group" / f"{task}.jsonl"
+    data.write_text(data.read_text() + json.dumps(row) + "\n")
+    line_no = len(data.read_text().splitlines())
+    line = main_error(eval_script.main, [model_file, "--task", "core", "--data", tmp_path / "b"], capsys)
+    assert line == f"error: {data}:{line_no}: {why}, which leaves nothing of the row to score; fix or drop the row"
+
+
 def test_the_bundle_is_downloaded_once_unpacked_and_a_hostile_zip_is_refused(tmp_path):
     write_core_bundle(tmp_path / "src" / "eval_bundle", CORE_BUNDLE)
     good = tmp_path / "good.zip"

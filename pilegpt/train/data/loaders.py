@@ -191,15 +191,22 @@ def mds_split(cfg, split: str, batch_size: int, shuffle: bool, weighted: bool = 
                               **(cfg.data_mix.get(root, {}) if weighted else {})))
     try:
         with compat.streaming_start_lock():  # two runs starting at once; shared memory a crash left
+            if os.environ.get("LOCAL_RANK", "0") == "0" and compat.caches_read_elsewhere([s.local for s in streams]):
+                raise shared_cache_error(cfg, split, roots)  # another run reads it (Streaming's check misses one)
             return CheckedStreamingDataset(streams=streams, batch_size=batch_size, shuffle=shuffle,
                                            shuffle_seed=cfg.seed, num_canonical_nodes=cfg.num_canonical_nodes)
     except (FileNotFoundError, ValueError) as e:
         if str(e).startswith("Reused local directory") and " vs " in str(e):  # a live dataset of another process
-            where = roots[0] if len(roots) == 1 else f"{len(roots)} roots"
-            raise UserError(f"MDS split {split}/ of {where}: another process on this machine reads it through the "
-                            f"same cache under data_local={cfg.data_local} (two runs on one dataset cannot share a "
-                            "cache): pass this run --data_local=ANOTHER_FOLDER") from None
+            raise shared_cache_error(cfg, split, roots) from None
         raise UserError(f"cannot open MDS split {split}/ of {roots}: {e}") from None
+
+
+def shared_cache_error(cfg, split: str, roots: list[str]) -> UserError:
+    """Another run on this machine reads split/ of these roots through this run's cache folders (one data_local)."""
+    where = roots[0] if len(roots) == 1 else f"{len(roots)} roots"
+    return UserError(f"MDS split {split}/ of {where}: another process on this machine reads it through the same cache "
+                     f"under data_local={cfg.data_local} (two runs on one dataset cannot share a cache): pass this run "
+                     "--data_local=ANOTHER_FOLDER")
 
 
 def check_aligned(where: str, made: Optional[bytes]) -> None:
@@ -288,17 +295,24 @@ def no_documents_note(root: str, meta: Meta) -> Optional[str]:
 def bin_val_set(cfg, rank: int):
     """The val split of the .bin data (data_mix: every root's val windows, each once, in a keyed order fixed by the
     seed, so that eval_subset_num_batches reads from every root in proportion to its val split), or None."""
-    from torch.utils.data import Subset
-
     short = (rank == 0) if cfg.data_mix else None  # a mix's root too short for one sample: left out, with a note
     parts = [bin_split(r, read_meta(r, cfg.vocab_size, rank), "val", cfg.block_size, short) for r in bin_roots(cfg)]
     parts = [p for p in parts if p is not None]
     if not cfg.data_mix or not parts:
         return eval_subset(parts[0], cfg) if parts else None
     mixed = MixedBins(parts, None)
-    n = len(mixed) if cfg.eval_subset_num_batches < 0 else min(len(mixed), cfg.eval_subset_num_batches
-                                                                 * eval_batch_size(cfg))
-    return Subset(mixed, permute(np.arange(n, dtype=np.int64), len(mixed), cfg.seed << 20).tolist())
+    return mixed_eval_subset(mixed, len(mixed), cfg)
+
+
+def mixed_eval_subset(val_set, size: int, cfg):
+    """The samples a data_mix's evaluation reads from its roots' val samples laid end to end (`size` of them, root
+    by root): the first eval_subset_num_batches x eval batch size (all with -1) positions of a permutation keyed by
+    the seed, so that every root is read in proportion to its val split (not the first root alone), the same
+    samples on any number of processes (DistributedSampler splits them; Composer drops its padding)."""
+    from torch.utils.data import Subset
+
+    n = size if cfg.eval_subset_num_batches < 0 else min(size, cfg.eval_subset_num_batches * eval_batch_size(cfg))
+    return Subset(val_set, permute(np.arange(n, dtype=np.int64), size, cfg.seed << 20).tolist())
 
 
 def bin_loaders(cfg, world_size: int, rank: int, loader_args: dict):
@@ -322,7 +336,9 @@ def bin_loaders(cfg, world_size: int, rank: int, loader_args: dict):
 
 
 def mds_loaders(cfg, world_size: int, loader_args: dict):
-    """(train DataLoader, val DataLoader or None) of MDS data, through Streaming (data_mix: weighted streams)."""
+    """(train DataLoader, val DataLoader or None) of MDS data, through Streaming (data_mix: weighted streams, and the
+    val samples of every root in a keyed order: mixed_eval_subset)."""
+    from composer.utils import dist
     from torch.utils.data import DataLoader
 
     per_rank, eval_bs = cfg.per_rank_batch(world_size), eval_batch_size(cfg)
@@ -342,8 +358,14 @@ def mds_loaders(cfg, world_size: int, loader_args: dict):
     collate = functools.partial(collate_mds, vocab_size=cfg.vocab_size)
     train = DataLoader(train_set, batch_size=per_rank, collate_fn=collate, drop_last=True, **loader_args)
     val_set = mds_split(cfg, "val", eval_bs, shuffle=False)
-    return train, None if val_set is None else DataLoader(val_set, batch_size=eval_bs, collate_fn=collate,
-                                                           **loader_args)
+    if val_set is None:
+        return train, None
+    if not cfg.data_mix:
+        return train, DataLoader(val_set, batch_size=eval_bs, collate_fn=collate, **loader_args)
+    # a mix: its val samples read by index (StreamingDataset is map-style too), drawn across every root's val/
+    val_set = mixed_eval_subset(val_set, val_set.num_samples, cfg)
+    sampler = dist.get_sampler(val_set, shuffle=False, drop_last=False)
+    return train, DataLoader(val_set, batch_size=eval_bs, sampler=sampler, collate_fn=collate, **loader_args)
 
 
 def build_dataloaders(cfg, world_size: int, rank: int, pin_memory: bool):

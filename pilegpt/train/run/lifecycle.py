@@ -20,7 +20,7 @@ from composer import Trainer
 from pilegpt.checkpoint import EXPORT_NAME
 from pilegpt.common import UserError, atomic_write_text, failed_write, mask_secrets, one_line
 from pilegpt.s3 import lost_connection
-from pilegpt.train.callbacks import MetricsLog
+from pilegpt.train.callbacks import MetricsLog, figure
 from pilegpt.train.config import TrainConfig, used_settings
 from pilegpt.train.data.loaders import mix_shares
 from pilegpt.train.report import PLOT, REPORT, write_report
@@ -168,7 +168,7 @@ def print_summary(state, start_batch: int, start_tokens: int, seconds: float, me
     batches, tokens = int(state.timestamp.batch) - start_batch, int(state.timestamp.token) - start_tokens
     loss = state.total_loss_dict.get("loss/train/total", math.nan) if state.total_loss_dict else math.nan
     last = metrics_log.last_eval
-    val = "".join(f", {k.replace('_', ' ')} {last[k]:.4f}" for k in ("val_loss", "val_bpb") if k in last)
+    val = "".join(f", {k.replace('_', ' ')} {figure(last[k])}" for k in ("val_loss", "val_bpb") if k in last)
     resumed = f" (resumed at batch {start_batch})" if start_batch else ""
     print(f"done: {batches} batches, {tokens:,} tokens in {seconds:.1f} s ({tokens / max(seconds, 1e-9):,.0f} "
           f"tokens/s){resumed}; train loss {loss:.4f}{val}; export {os.path.join(folder.save_folder, EXPORT_NAME)}",
