@@ -367,6 +367,7 @@ def build_optimizer(cfg: TrainConfig, model: ComposerGPT, device: str, precision
     if cfg.optimizer == "muon":  # Muon for the blocks' 2-D weights at muon_lr, AdamW for the rest at learning_rate
         # (AdamW's part in torch's fused kernel, on CPU too)
         optimizer = build_muon(model.model, cfg)
+        print(optimizer.split_line(), flush=True)  # on each rank: its share of the Newton-Schulz work
     else:  # weight decay on the 2-D weights only: GPT.optim_groups puts each parameter in one of two groups
         groups = with_part_rates(model.optim_groups(cfg.weight_decay), model.model, cfg)  # embedding_lr, head_lr
         optimizer = torch.optim.AdamW(groups, lr=cfg.adamw_lr(), betas=(cfg.beta1, cfg.beta2), fused=device == "gpu")

@@ -1,0 +1,84 @@
+"""Muon's Newton-Schulz work shared across data-parallel ranks: with N processes each rank orthogonalises about 1/N
+of the matrices (balanced by size), one batched chain per shape, and an all-gather over the default process group
+(the one Composer made) brings every result to every rank. Everything else in Muon's step (momentum, NorMuon, the
+update) is elementwise and runs on every rank alike, so every rank keeps the same weights and the same state.
+
+    owners = assign([p.shape for p in params], world)     # the rank that orthogonalises each matrix
+    updates = orthogonalize_shared(directions, orthogonalize_stack, world, rank)
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+import torch.distributed as torch_dist
+
+
+def world_and_rank() -> tuple[int, int]:
+    """(processes, this one's rank) of the default process group, (1, 0) without one."""
+    if torch_dist.is_available() and torch_dist.is_initialized():
+        return torch_dist.get_world_size(), torch_dist.get_rank()
+    return 1, 0
+
+
+def assign(shapes: Sequence[tuple], world: int) -> list[int]:
+    """Each matrix's rank, balanced by size: the largest first (same-shape matrices one after another, so that they
+    go round the ranks and each rank's share of a shape is as even as can be: less padding in the gather), each to
+    the rank with the least work so far (the lowest such rank on a tie). Deterministic: every rank computes the same
+    list from the same shapes. Work: the matrix's elements (Newton-Schulz's cost grows with them)."""
+    sizes = [torch.Size(s).numel() for s in shapes]
+    load, owners = [0] * world, [0] * len(shapes)
+    for i in sorted(range(len(shapes)), key=lambda i: (-sizes[i], tuple(shapes[i]), i)):
+        owners[i] = min(range(world), key=lambda r: (load[r], r))
+        load[owners[i]] += sizes[i]
+    return owners
+
+
+def by_shape(matrices: Sequence[torch.Tensor]) -> dict[tuple, list[int]]:
+    """The matrices' indices grouped by shape, in order of first appearance (one batched chain each)."""
+    shapes: dict[tuple, list[int]] = {}
+    for i, m in enumerate(matrices):
+        shapes.setdefault(tuple(m.shape), []).append(i)
+    return shapes
+
+
+def split_line(shapes: Sequence[tuple], world: int, rank: int) -> str:
+    """What train.py says at start-up on each rank: how many of the matrices this rank orthogonalises."""
+    owners = assign(shapes, world)
+    mine = [s for s, r in zip(shapes, owners) if r == rank]
+    return f"muon: this rank orthogonalises {len(mine)} of {len(shapes)} matrices ({len(set(mine))} shapes)"
+
+
+def orthogonalize_shared(directions: Sequence[torch.Tensor], orthogonalize_stack: Callable, world: int,
+                         rank: int) -> list[torch.Tensor]:
+    """orthogonalize_stack (a (k, m, n) stack -> its k orthogonalised matrices) of every direction: this rank runs
+    its own share, shape by shape, and with world > 1 each shape's results are all-gathered (every rank sends as
+    many as the rank with the most of that shape, padded with zeros). The results in the directions' order."""
+    owners = assign([tuple(d.shape) for d in directions], world)
+    results: list = [None] * len(directions)
+    pending = []
+    for shape, indices in by_shape(directions).items():
+        per_rank = [[i for i in indices if owners[i] == r] for r in range(world)]
+        mine = per_rank[rank]
+        done = (orthogonalize_stack(torch.stack([directions[i] for i in mine])) if mine
+                else directions[indices[0]].new_zeros((0, *shape)))
+        if world == 1:
+            results = place(results, mine, done)
+            continue
+        width = max(len(owned) for owned in per_rank)
+        sent = torch.cat([done, done.new_zeros((width - len(mine), *shape))]) if len(mine) < width else done
+        gathered = [torch.empty_like(sent) for _ in range(world)]
+        pending.append((torch_dist.all_gather(gathered, sent, async_op=True), per_rank, gathered))
+    for work, per_rank, gathered in pending:  # every shape's gather in flight while the next shapes ran
+        work.wait()
+        for owned, stack in zip(per_rank, gathered):
+            results = place(results, owned, stack)
+    return results
+
+
+def place(results: list, indices: Sequence[int], stack: torch.Tensor) -> list:
+    """results with stack's first len(indices) matrices put at those indices."""
+    for j, i in enumerate(indices):
+        results[i] = stack[j]
+    return results
