@@ -208,8 +208,8 @@ class Muon(torch.optim.Optimizer):
 
     def split_line(self) -> str:
         """How this rank shares the orthogonalisation (train.py prints it at start-up, on each rank)."""
-        shapes = [tuple(p.shape) for group in self.param_groups if group["muon"] for p in group["params"]]
-        return split_line(shapes, *world_and_rank())
+        groups = [[tuple(p.shape) for p in group["params"]] for group in self.param_groups if group["muon"]]
+        return split_line(groups, *world_and_rank())
 
     def _adamw_step(self, group: dict) -> None:
         """torch.optim.AdamW's step for this group, through its functional form, with the same state keys."""

@@ -23,15 +23,23 @@ def world_and_rank() -> tuple[int, int]:
 
 
 def assign(shapes: Sequence[tuple], world: int) -> list[int]:
-    """Each matrix's rank, balanced by size: the largest first (same-shape matrices one after another, so that they
-    go round the ranks and each rank's share of a shape is as even as can be: less padding in the gather), each to
-    the rank with the least work so far (the lowest such rank on a tie). Deterministic: every rank computes the same
-    list from the same shapes. Work: the matrix's elements (Newton-Schulz's cost grows with them)."""
-    sizes = [torch.Size(s).numel() for s in shapes]
+    """Each matrix's rank, balanced by size. Each shape's k matrices go k // world to every rank (in their order:
+    the first ones to rank 0), and the k % world left over, one each, to the ranks with the least work so far (the
+    lowest such rank on a tie), the largest shapes first: every rank holds as many of a shape as any other, give or
+    take one (so the gather pads little), and the work (elements: Newton-Schulz's cost grows with them) evens out.
+    Deterministic: every rank computes the same list from the same shapes."""
     load, owners = [0] * world, [0] * len(shapes)
-    for i in sorted(range(len(shapes)), key=lambda i: (-sizes[i], tuple(shapes[i]), i)):
-        owners[i] = min(range(world), key=lambda r: (load[r], r))
-        load[owners[i]] += sizes[i]
+    groups: dict[tuple, list[int]] = {}
+    for i, shape in enumerate(shapes):
+        groups.setdefault(tuple(shape), []).append(i)
+    for shape in sorted(groups, key=lambda s: (-torch.Size(s).numel(), s)):
+        indices, size = groups[shape], torch.Size(shape).numel()
+        extra = set(sorted(range(world), key=lambda r: (load[r], r))[:len(indices) % world])
+        counts = [len(indices) // world + (r in extra) for r in range(world)]
+        ranks = [r for r in range(world) for _ in range(counts[r])]
+        for i, r in zip(indices, ranks):
+            owners[i] = r
+            load[r] += size
     return owners
 
 
@@ -43,11 +51,12 @@ def by_shape(matrices: Sequence[torch.Tensor]) -> dict[tuple, list[int]]:
     return shapes
 
 
-def split_line(shapes: Sequence[tuple], world: int, rank: int) -> str:
-    """What train.py says at start-up on each rank: how many of the matrices this rank orthogonalises."""
-    owners = assign(shapes, world)
-    mine = [s for s, r in zip(shapes, owners) if r == rank]
-    return f"muon: this rank orthogonalises {len(mine)} of {len(shapes)} matrices ({len(set(mine))} shapes)"
+def split_line(groups: Sequence[Sequence[tuple]], world: int, rank: int) -> str:
+    """What train.py says at start-up on each rank: how many of the matrices (the shapes of each Muon group's, split
+    group by group as the step splits them) this rank orthogonalises, and of how many shapes."""
+    mine = [s for shapes in groups for s, r in zip(shapes, assign(shapes, world)) if r == rank]
+    total = sum(len(shapes) for shapes in groups)
+    return f"muon: this rank orthogonalises {len(mine)} of {total} matrices ({len(set(mine))} shapes)"
 
 
 def orthogonalize_shared(directions: Sequence[torch.Tensor], orthogonalize_stack: Callable, world: int,
