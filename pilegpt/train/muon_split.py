@@ -1,7 +1,9 @@
-"""Muon's Newton-Schulz work shared across data-parallel ranks: with N processes each rank orthogonalises about 1/N
-of the matrices (balanced by size), one batched chain per shape, and an all-gather over the default process group
-(the one Composer made) brings every result to every rank. Everything else in Muon's step (momentum, NorMuon, the
-update) is elementwise and runs on every rank alike, so every rank keeps the same weights and the same state.
+"""Muon's Newton-Schulz work shared across data-parallel ranks: each of N ranks orthogonalises about 1/N of the
+matrices (balanced by size, one batched chain per shape) and an all-gather brings every result to every rank.
+
+The gather runs over the default process group (the one Composer made: NCCL on GPUs, gloo on CPU). Everything else
+in Muon's step (momentum, NorMuon, the update) is elementwise and runs on every rank alike, so every rank keeps the
+same weights and the same state.
 
     owners = assign([p.shape for p in params], world)     # the rank that orthogonalises each matrix
     updates = orthogonalize_shared(directions, orthogonalize_stack, world, rank)
