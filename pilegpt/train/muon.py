@@ -162,7 +162,8 @@ class Muon(torch.optim.Optimizer):
                    zip(orthogonalize_shared(directions, orthogonalize_stack, world, rank), params)]
         if group.get("normuon"):
             for p, state in zip(params, states):
-                state.setdefault("neuron_sq", torch.zeros(p.size(0), dtype=torch.float32, device=p.device))
+                if "neuron_sq" not in state:
+                    state["neuron_sq"] = torch.zeros(p.size(0), dtype=torch.float32, device=p.device)
             updates = neuron_updates(updates, states, group["betas"][1])
         self._apply(group, params, updates)
 
