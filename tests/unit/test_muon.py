@@ -476,7 +476,8 @@ class ThreadRanks:
     def __init__(self, world: int):
         import threading
 
-        self.barrier, self.sent, self.local = threading.Barrier(world), {}, threading.local()
+        # a rank that fails before a gather breaks the barrier for the others after 60 s instead of hanging them
+        self.barrier, self.sent, self.local = threading.Barrier(world, timeout=60), {}, threading.local()
 
     def all_gather(self, gathered, sent, async_op=False):
         calls = self.local.calls = getattr(self.local, "calls", 0) + 1
@@ -515,6 +516,7 @@ def test_shared_orthogonalisation_gives_every_rank_every_result(world, monkeypat
         t.start()
     for t in threads:
         t.join()
+    assert sorted(results) == list(range(world))  # every rank ended (a failed one has no result)
     assert sum(stacked_calls) == len(directions)  # each matrix orthogonalised once, on one rank
     for rank in range(world):
         for got, d in zip(results[rank], directions):
