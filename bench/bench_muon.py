@@ -9,8 +9,9 @@ What it measures, per rank, one torch thread per process (two processes: the mac
 Muon's step over the model's hidden matrices (model.hidden_matrices(), Muon with NorMuon as config/modern.py runs
 it) on fixed random gradients, the median over --steps timed steps after 2 untimed ones: its wall-clock time, its
 CPU time (the rank's own thread: the work it does, what a busy shared machine does not blur) and the CPU time of its
-Newton-Schulz part; each row's slowest rank, and the ratios to one process orthogonalising matrix by matrix. Every row ends with the same weights (checked: the sum of every weight's absolute values, to the bit),
-so the rows differ in speed only.
+Newton-Schulz part; each row's slowest rank, and the ratios to one process orthogonalising matrix by matrix. Every
+row ends with the same weights (checked: the sum of every weight's absolute values, to the bit), so the rows differ
+in speed only.
 """
 
 from __future__ import annotations
