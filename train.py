@@ -78,6 +78,7 @@ from pilegpt.train.data.mix import component_name, shares_line
 from pilegpt.train.extensions import build_algorithms, build_callbacks
 from pilegpt.train.metrics import BitsPerByte, CrossEntropyFromLoss, PerplexityFromLoss, token_bytes
 from pilegpt.train.optim.groups import build_optimizer
+from pilegpt.train.optim.muon import Muon
 from pilegpt.train.optim.on_resume import apply_group_settings, group_settings
 from pilegpt.train.optim.schedule import build_scheduler
 from pilegpt.train.run import cluster
@@ -337,6 +338,8 @@ def build_optimization(cfg: TrainConfig, model: ComposerGPT, device: str, precis
     # Muon for the blocks' 2-D weights at muon_lr and AdamW for the rest, or AdamW alone; each part's group and peak
     # rate: pilegpt/train/optim/groups.py
     optimizer = build_optimizer(model.model, cfg, fused=device == "gpu")
+    if isinstance(optimizer, Muon):
+        print(optimizer.split_line(), flush=True)  # on each rank: its share of the Newton-Schulz work
     # the gradients' global norm clipped to grad_clip after the backward pass, before the optimizer step
     # (Composer's GradientClipping runs at AFTER_TRAIN_BATCH); grad_clip=0 turns it off
     clipping = [GradientClipping(clipping_type="norm", clipping_threshold=cfg.grad_clip)] if cfg.grad_clip else []

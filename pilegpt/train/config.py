@@ -21,7 +21,7 @@ GPT_ONLY_FIELDS = ("n_layer", "n_head", "n_embd", "bias", *ARCH_FIELDS, "dropout
 MAX_LR = 1e6  # the largest learning rate of any kind a run accepts
 PART_RATES = ("embedding_lr", "head_lr")  # AdamW's rates for parts of the GPT: pilegpt/train/optim/groups.py
 # Muon's options, one entry each: the setting -> (Muon's constructor argument and group key, the value a checkpoint
-# from before that key ran with; None: the key is as old as Muon). build_muon, the autoresume check
+# from before that key ran with; None: the key is as old as Muon). groups.build_optimizer, the autoresume check
 # (optim/on_resume.py) and the "unused with optimizer='adamw'" note all read this table.
 MUON_OPTIONS = {"muon_momentum": ("momentum", None), "muon_momentum_warmup": ("momentum_warmup", 0),
                 "muon_cautious_wd": ("cautious_wd", False), "muon_normuon": ("normuon", False),

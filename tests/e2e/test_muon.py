@@ -37,6 +37,7 @@ def test_a_muon_run_resumes_loss_for_loss_in_one_process_and_in_two(shakespeare_
             "--save_interval=3ba", "--eval_interval=100ba", "--sample_length=0",
             "--progress_bar=False", f"--save_folder={run_dir}", "--device=cpu", callbacks(run_dir)]
     train.main(args)  # the run that is never interrupted: 1 process, this one
+    assert "muon: this rank orthogonalises 8 of 8 matrices (4 shapes)\n" in capsys.readouterr().out
     whole = losses_by_batch(run_dir)
     assert sorted(whole) == [1, 2, 3, 4, 5, 6] and whole[6] < whole[1] - 0.1  # it learns
     assert load_model_file(str(run_dir / "model.pt")).config.attn_window == 8  # the export rebuilds the window
@@ -60,5 +61,8 @@ def test_a_muon_run_resumes_loss_for_loss_in_one_process_and_in_two(shakespeare_
     simulate_crash_after(run_dir, keep_batch=3)  # 2 processes resume: each half of every global batch
     out = succeeded(run_train([*args, "--autoresume=True"], tmp_path, nproc=2))
     assert "resuming from the checkpoint at batch 3 " in out and "done: 3 batches" in out
+    # rank 0 (the launcher shows its output) orthogonalises half of the matrices, one of each of the 4 shapes, and
+    # gathers the other half from rank 1: the losses below are those of the run that did all of them in 1 process
+    assert "muon: this rank orthogonalises 4 of 8 matrices (4 shapes)\n" in out
     two = losses_by_batch(run_dir)  # the last run's rows win
     assert_same_losses(two, whole, (4, 5, 6), atol=ACROSS_PROCESS_COUNTS)

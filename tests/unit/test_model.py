@@ -234,3 +234,22 @@ def test_load_export_errors_name_the_file(tmp_path):
     torch.save({"format": EXPORT_FORMAT, "model_args": {**TINY_GPT, "n_layers": 3}, "model": {}}, bad_args)
     with pytest.raises(UserError, match="n_layers"):
         load_model_file(bad_args)
+
+
+@pytest.mark.parametrize("preset", ["gpt2", "modern"])
+def test_the_forward_compiles_into_one_graph(preset):
+    # torch.compile traces the forward of GPT-2 (GPTConfig's defaults) and of config/modern.py's preset as one graph,
+    # in training (with targets) and in generation (without): a graph break would split it and cost speed on a GPU
+    from helpers import REPO
+    from pilegpt.train.config_load import load_config
+
+    presets = {"gpt2": [], "modern": [str(REPO / "config" / "modern.py")]}[preset]
+    cfg = load_config([str(REPO / "config" / "tiny.py"), *presets, "--data_dir=data/x", "--vocab_size=64"])
+    model = GPT(cfg.model_config())
+    assert (model.config.norm, model.config.pos_emb) == (("rmsnorm", "rope") if preset == "modern"
+                                                          else ("layernorm", "learned"))
+    idx = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+    torch._dynamo.reset()
+    for kwargs in (dict(targets=idx), {}):
+        explained = torch._dynamo.explain(model)(idx, **kwargs)
+        assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons

@@ -376,3 +376,148 @@ def test_muons_settings_under_adamw_are_named_as_unused_in_one_line():
                                                   "optimizer='adamw' (set optimizer='muon' to use them)")
     assert train_config.load_config([*DATA, modern]).unused_muon_note() == ""
     assert train_config.load_config(DATA).unused_muon_note() == ""
+
+
+def per_matrix_step(params, grads, bufs, sqs, lr=0.1, momentum=0.9, decay=0.5, beta2=0.95):
+    """Muon's step as it was written before the batched one, matrix by matrix, with NorMuon and cautious decay on:
+    the reference for test_the_batched_step_is_the_matrix_by_matrix_step."""
+    from pilegpt.train.optim.muon import neuron_update
+
+    for p, g, buf, sq in zip(params, grads, bufs, sqs):
+        buf.lerp_(g, 1 - momentum)
+        update = neuron_update(orthogonalize(g.lerp(buf, momentum)), sq, beta2)
+        p.sub_(p * (update * p > 0), alpha=lr * decay)
+        p.add_(update, alpha=-lr * max(1.0, p.size(0) / p.size(1)) ** 0.5)
+
+
+def test_the_batched_step_is_the_matrix_by_matrix_step():
+    # tiny GPT's 8 matrices of 4 shapes, two of each: one batched chain per shape, foreach updates, same numbers
+    model, reference = tiny_gpt(), tiny_gpt()
+    opt = Muon([dict(params=list(model.hidden_matrices()), muon=True)], lr=0.1, momentum=0.9, weight_decay=0.5,
+               normuon=True, cautious_wd=True)
+    ref = list(reference.hidden_matrices())
+    bufs, sqs = [torch.zeros_like(p) for p in ref], [{} for _ in ref]
+    for seed in range(3):
+        gen = torch.Generator().manual_seed(seed)
+        grads = [torch.randn(p.shape, generator=gen) for p in ref]
+        for p, g in zip(model.hidden_matrices(), grads):
+            p.grad = g.clone()
+        opt.step()
+        with torch.no_grad():
+            per_matrix_step(ref, grads, bufs, sqs)
+    for a, b in zip(model.hidden_matrices(), ref):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)  # bit for bit here; 1e-6 for other CPUs' kernels
+    assert len({tuple(p.shape) for p in ref}) == 4 and len(ref) == 8
+
+
+@pytest.mark.parametrize("polar", [False, True])
+def test_a_stack_is_orthogonalised_matrix_by_matrix(polar):
+    stack = torch.randn(5, 48, 16, generator=torch.Generator().manual_seed(2))
+    stack[3] = 0  # a zero matrix in the stack stays zero, and leaves its neighbours alone
+    together = orthogonalize(stack, polar_express=polar)
+    alone = torch.stack([orthogonalize(m, polar_express=polar) for m in stack])
+    assert together.shape == (5, 48, 16) and torch.equal(together[3], torch.zeros(48, 16))
+    torch.testing.assert_close(together, alone, atol=1e-6, rtol=0)
+
+
+def test_the_step_reads_nothing_back_from_the_tensors(monkeypatch):
+    # no .item(), .tolist() or Python branching on a tensor in Muon's step (on a GPU each would wait for the device);
+    # a state_dict round trip first, so that the step counts momentum_warmup needs come from a loaded checkpoint
+    model = tiny_gpt(tie_embeddings=False)
+    built = param_groups(model, "muon", 0.1, 0.02, 1e-3)
+    options = dict(momentum=0.95, momentum_warmup=3, cautious_wd=True, normuon=True, fused=True)
+    opt = Muon(built, **options)
+    fake_grads(model.parameters(), 0)
+    opt.step()
+    restored = Muon(param_groups(model, "muon", 0.1, 0.02, 1e-3), **options)
+    restored.load_state_dict(torch.load(io.BytesIO(save(opt.state_dict())), weights_only=True))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a host read in Muon's step")
+
+    for name in ("item", "tolist", "__bool__", "__int__", "__float__", "__index__"):
+        monkeypatch.setattr(torch.Tensor, name, refuse)
+    for seed in (1, 2, 3):
+        fake_grads(model.parameters(), seed)
+        restored.step()
+    monkeypatch.undo()
+    assert [restored.state[p]["step"].item() for p in model.hidden_matrices()] == [4.0] * 8
+
+
+GPT2_SHAPES = [(2304, 768), (768, 768), (3072, 768), (768, 3072)] * 12  # GPT-2 124M's hidden matrices
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 8])
+def test_the_matrices_are_shared_out_by_size(world):
+    from pilegpt.train.optim.split import assign
+
+    owners = assign(GPT2_SHAPES, world)
+    assert owners == assign(GPT2_SHAPES, world) and set(owners) == set(range(world))  # every rank has work
+    load = [sum(torch.Size(s).numel() for s, r in zip(GPT2_SHAPES, owners) if r == rank) for rank in range(world)]
+    assert max(load) - min(load) <= 3072 * 768  # within the largest matrix of each other
+    for shape in set(GPT2_SHAPES):  # each shape goes round the ranks: every rank has its share of it, give or take 1
+        counts = [sum(1 for s, r in zip(GPT2_SHAPES, owners) if s == shape and r == rank) for rank in range(world)]
+        assert max(counts) - min(counts) <= 1, (shape, counts)
+
+
+def test_each_rank_says_its_share():
+    from pilegpt.train.optim.split import split_line
+
+    assert split_line([GPT2_SHAPES], 1, 0) == "muon: this rank orthogonalises 48 of 48 matrices (4 shapes)"
+    assert split_line([GPT2_SHAPES[:24]], 2, 1) == "muon: this rank orthogonalises 12 of 24 matrices (4 shapes)"
+    assert split_line([GPT2_SHAPES[:4]], 8, 7) == "muon: this rank orthogonalises 0 of 4 matrices (0 shapes)"
+    opt = Muon([dict(params=list(tiny_gpt().hidden_matrices()), muon=True)])
+    assert opt.split_line() == "muon: this rank orthogonalises 8 of 8 matrices (4 shapes)"  # no process group: 1
+
+
+class ThreadRanks:
+    """torch.distributed.all_gather for `world` threads of this process, each a rank (rank_of[thread])."""
+
+    def __init__(self, world: int):
+        import threading
+
+        # a rank that fails before a gather breaks the barrier for the others after 60 s instead of hanging them
+        self.barrier, self.sent, self.local = threading.Barrier(world, timeout=60), {}, threading.local()
+
+    def all_gather(self, gathered, sent, async_op=False):
+        calls = self.local.calls = getattr(self.local, "calls", 0) + 1
+        self.sent[calls, self.local.rank] = sent.clone()
+        self.barrier.wait()
+        for r, out in enumerate(gathered):
+            out.copy_(self.sent[calls, r])
+        self.barrier.wait()
+        return type("Done", (), {"wait": lambda self: None})()
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_shared_orthogonalisation_gives_every_rank_every_result(world, monkeypatch):
+    # each rank runs its share, the gather (here between threads) brings the rest, padded where ranks hold
+    # different numbers of a shape (3 ranks, 2 matrices of each shape)
+    import threading
+
+    from pilegpt.train.optim import split as muon_split
+
+    ranks = ThreadRanks(world)
+    monkeypatch.setattr(muon_split.torch_dist, "all_gather", ranks.all_gather)
+    gen = torch.Generator().manual_seed(4)
+    directions = [torch.randn(p.shape, generator=gen) for p in tiny_gpt().hidden_matrices()]
+    stacked_calls, results = [], {}
+
+    def orthogonalize_stack(stack):
+        stacked_calls.append(len(stack))
+        return orthogonalize(stack)
+
+    def rank_main(rank):
+        ranks.local.rank = rank
+        results[rank] = muon_split.orthogonalize_shared(directions, orthogonalize_stack, world, rank)
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == list(range(world))  # every rank ended (a failed one has no result)
+    assert sum(stacked_calls) == len(directions)  # each matrix orthogonalised once, on one rank
+    for rank in range(world):
+        for got, d in zip(results[rank], directions):
+            torch.testing.assert_close(got, orthogonalize(d), atol=1e-6, rtol=0)

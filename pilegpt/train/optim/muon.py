@@ -4,8 +4,12 @@ torch.optim.AdamW's exact step. Pure PyTorch; details in docs/training.md."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch.optim.adamw import adamw
+
+from pilegpt.train.optim.split import by_shape, orthogonalize_shared, split_line, world_and_rank
 
 # The quintic Newton-Schulz iteration X <- a X + b (X X^T) X + c (X X^T)^2 X of modded-nanogpt and nanochat, with
 # their coefficients: a steep slope at 0 (a = 3.4445) pulls small singular values up in few steps, at the price of
@@ -30,27 +34,33 @@ MOMENTUM_START = 0.85  # momentum_warmup's first momentum (modded-nanogpt: 0.85 
 def orthogonalize(grad: torch.Tensor, steps: int = NS_STEPS, polar_express: bool = False) -> torch.Tensor:
     """G's nearest semi-orthogonal matrix U V^T (G = U S V^T), approximately: its singular values all near 1.
     fp32 on CPU (exact, deterministic), bf16 on GPU (fast; the iteration tolerates its rounding). polar_express:
-    Polar Express's five per-step coefficients instead of Newton-Schulz's one triple (steps is then at most 5)."""
+    Polar Express's five per-step coefficients instead of Newton-Schulz's one triple (steps is then at most 5).
+    A (k, m, n) stack of same-shape matrices is orthogonalised matrix by matrix in one batched chain."""
+    return newton_schulz(grad, steps, polar_express).to(grad.dtype)
+
+
+def newton_schulz(grad: torch.Tensor, steps: int = NS_STEPS, polar_express: bool = False) -> torch.Tensor:
+    """orthogonalize's iteration, its result left in the compute dtype (bf16 on GPU: half the bytes to gather)."""
     coeffs = POLAR_EXPRESS_COEFFS[:steps] if polar_express else (NS_COEFFS,) * steps
     x = grad.to(torch.bfloat16 if grad.is_cuda else torch.float32)
-    tall = x.size(0) > x.size(1)
+    tall = x.size(-2) > x.size(-1)
     if tall:  # iterate on the wide orientation: X X^T is then the smaller square
-        x = x.T
+        x = x.mT
     # the Frobenius norm bounds the spectral norm: every singular value now <= 1 (Polar Express: <= 1 / 1.02)
-    x = x / (x.norm() * (POLAR_EXPRESS_SAFETY if polar_express else 1.0) + 1e-7)
+    x = x / (x.norm(dim=(-2, -1), keepdim=True) * (POLAR_EXPRESS_SAFETY if polar_express else 1.0) + 1e-7)
     for a, b, c in coeffs:
-        gram = x @ x.T
+        gram = x @ x.mT
         x = a * x + (b * gram + c * gram @ gram) @ x
-    return (x.T if tall else x).to(grad.dtype)
+    return x.mT if tall else x
 
 
-def warmed_momentum(group: dict, state: dict) -> float:
-    """The group's momentum at this parameter's step (state["step"], 1 on the first; none in a checkpoint from
-    before the count: the warmup is over), under momentum_warmup."""
+def warmed_momentum(group: dict, step: int | None) -> float:
+    """The group's momentum at a parameter's step (1 on the first; None, a checkpoint from before the count: the
+    warmup is over), under momentum_warmup."""
     warmup, m = group.get("momentum_warmup", 0), group["momentum"]
-    if not warmup or "step" not in state:
+    if not warmup or step is None:
         return m
-    frac = min(1.0, (state["step"].item() - 1) / warmup)
+    frac = min(1.0, (step - 1) / warmup)
     return MOMENTUM_START + frac * (m - MOMENTUM_START) if m > MOMENTUM_START else m
 
 
@@ -61,9 +71,23 @@ def neuron_update(update: torch.Tensor, state: dict, beta2: float) -> torch.Tens
     needs no bias correction: a factor common to every row cancels)."""
     if "neuron_sq" not in state:
         state["neuron_sq"] = torch.zeros(update.size(0), dtype=torch.float32, device=update.device)
-    state["neuron_sq"].lerp_(update.float().square().mean(dim=1), 1 - beta2)
-    normed = update / (state["neuron_sq"].sqrt()[:, None] + 1e-12).to(update.dtype)
-    return normed * (update.norm() / (normed.norm() + 1e-12))
+    return neuron_updates([update], [state], beta2)[0]
+
+
+def neuron_updates(updates: list[torch.Tensor], states: list[dict], beta2: float) -> list[torch.Tensor]:
+    """neuron_update of each update (its state's neuron_sq already there): the EMAs in one foreach lerp, the
+    rescaling of each shape's updates as one stack."""
+    torch._foreach_lerp_([s["neuron_sq"] for s in states], [u.float().square().mean(dim=1) for u in updates],
+                         1 - beta2)
+    out: list = [None] * len(updates)
+    for indices in by_shape(updates).values():
+        u = torch.stack([updates[i] for i in indices])
+        sq = torch.stack([states[i]["neuron_sq"] for i in indices])
+        normed = u / (sq.sqrt()[:, :, None] + 1e-12).to(u.dtype)
+        normed = normed * (u.norm(dim=(1, 2), keepdim=True) / (normed.norm(dim=(1, 2), keepdim=True) + 1e-12))
+        for j, i in enumerate(indices):
+            out[i] = normed[j]
+    return out
 
 
 class Muon(torch.optim.Optimizer):
@@ -85,9 +109,17 @@ class Muon(torch.optim.Optimizer):
                         fused=fused, momentum_warmup=momentum_warmup, cautious_wd=cautious_wd, normuon=normuon,
                         polar_express=polar_express)
         super().__init__(params, defaults)
+        self._steps: dict = {}  # parameter -> its Muon step count as a Python int (None: not counted)
+        self.register_load_state_dict_post_hook(Muon._read_steps)
         for group in self.param_groups:
             if group["muon"] and any(p.dim() != 2 for p in group["params"]):
                 raise ValueError("Muon orthogonalises matrices: a muon=True group holds a parameter that is not 2-D")
+
+    @staticmethod
+    def _read_steps(self: "Muon") -> None:
+        """After load_state_dict: the Python step counts from the loaded state (read once here, not in the step)."""
+        self._steps = {p: (int(self.state[p]["step"]) if "step" in self.state[p] else None)
+                       for group in self.param_groups if group["muon"] for p in group["params"] if p in self.state}
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -107,28 +139,74 @@ class Muon(torch.optim.Optimizer):
         return ((p, self.state[p]) for p in group["params"] if p.grad is not None)
 
     def _muon_step(self, group: dict) -> None:
-        """buf <- m buf + (1 - m) g; the Nesterov direction (1 - m) g + m buf, orthogonalised and scaled."""
+        """buf <- m buf + (1 - m) g; the Nesterov direction (1 - m) g + m buf, orthogonalised (each shape's matrices
+        in one batched chain, shared across ranks: optim/split.py) and scaled. Foreach ops and stacks throughout,
+        and no host sync: the step counts momentum_warmup reads are kept as Python ints too (_counted)."""
+        params = [p for p in group["params"] if p.grad is not None]
+        if not params:
+            return
+        states, grads = [self._counted(p) for p in params], [p.grad for p in params]
+        bufs = [s["momentum_buffer"] for s in states]
+        directions: list = [None] * len(params)
+        for m, indices in self._by_momentum(group, params).items():
+            torch._foreach_lerp_([bufs[i] for i in indices], [grads[i] for i in indices], 1 - m)
+            for i, d in zip(indices, torch._foreach_lerp([grads[i] for i in indices], [bufs[i] for i in indices], m)):
+                directions[i] = d
+        world, rank = world_and_rank()
+        orthogonalize_stack = functools.partial(newton_schulz, polar_express=group.get("polar_express", False))
+        updates = [u.to(p.dtype) for u, p in
+                   zip(orthogonalize_shared(directions, orthogonalize_stack, world, rank), params)]
+        if group.get("normuon"):
+            for p, state in zip(params, states):
+                if "neuron_sq" not in state:
+                    state["neuron_sq"] = torch.zeros(p.size(0), dtype=torch.float32, device=p.device)
+            updates = neuron_updates(updates, states, group["betas"][1])
+        self._apply(group, params, updates)
+
+    def _counted(self, p: torch.Tensor) -> dict:
+        """p's state, its step count one up (state["step"], a CPU tensor for the checkpoint; self._steps, the same
+        number as a Python int, or None for a checkpoint from before the count)."""
+        state = self.state[p]
+        if "momentum_buffer" not in state:
+            state["momentum_buffer"] = torch.zeros_like(p)
+            state["step"] = torch.tensor(0.0)  # Muon's steps, for momentum_warmup
+            self._steps[p] = 0
+        if "step" in state:
+            if p not in self._steps:  # a state put in by hand, not by load_state_dict: read once (a CPU tensor)
+                self._steps[p] = int(state["step"])
+            state["step"] += 1
+            self._steps[p] += 1
+        else:
+            self._steps[p] = None
+        return state
+
+    def _by_momentum(self, group: dict, params: list) -> dict[float, list[int]]:
+        """The params' indices by their momentum now (one value, unless their step counts differ)."""
+        found: dict[float, list[int]] = {}
+        for i, p in enumerate(params):
+            found.setdefault(warmed_momentum(group, self._steps.get(p)), []).append(i)
+        return found
+
+    def _apply(self, group: dict, params: list, updates: list) -> None:
+        """p <- p (1 - lr decay) - lr scale update, as foreach ops over each shape's params (cautious_wd: the decay
+        only where the update also pulls the weight to 0)."""
         lr, decay = group["lr"], group["weight_decay"]
-        for p, state in self._with_gradients(group):
-            if "momentum_buffer" not in state:
-                state["momentum_buffer"] = torch.zeros_like(p)
-                state["step"] = torch.tensor(0.0)  # Muon's steps, for momentum_warmup
-            if "step" in state:
-                state["step"] += 1
-            m = warmed_momentum(group, state)
-            buf = state["momentum_buffer"]
-            buf.lerp_(p.grad, 1 - m)
-            update = orthogonalize(p.grad.lerp(buf, m), polar_express=group.get("polar_express", False))
-            if group.get("normuon"):
-                update = neuron_update(update, state, group["betas"][1])
+        if group.get("cautious_wd") and decay:  # mask = 1 where update * p > 0, else 0
+            masks = torch._foreach_clamp_min(torch._foreach_sign(torch._foreach_mul(updates, params)), 0.0)
+            torch._foreach_add_(params, torch._foreach_mul(params, masks), alpha=-lr * decay)
+        else:
+            torch._foreach_mul_(params, 1 - lr * decay)
+        for indices in by_shape(params).values():
             # An m x n semi-orthogonal matrix has RMS 1/sqrt(max(m, n)); times sqrt(max(1, m/n)) every update has
             # RMS 1/sqrt(n), n = the fan-in (nn.Linear's weight is (out, in)), so one lr suits every shape.
-            scale = max(1.0, p.size(0) / p.size(1)) ** 0.5
-            if group.get("cautious_wd") and decay:  # decay only where the update also pulls the weight to 0
-                p.sub_(p * (update * p > 0), alpha=lr * decay)
-            else:
-                p.mul_(1 - lr * decay)
-            p.add_(update, alpha=-lr * scale)
+            rows, cols = params[indices[0]].shape
+            torch._foreach_add_([params[i] for i in indices], [updates[i] for i in indices],
+                                alpha=-lr * max(1.0, rows / cols) ** 0.5)
+
+    def split_line(self) -> str:
+        """How this rank shares the orthogonalisation (train.py prints it at start-up, on each rank)."""
+        groups = [[tuple(p.shape) for p in group["params"]] for group in self.param_groups if group["muon"]]
+        return split_line(groups, *world_and_rank())
 
     def _adamw_step(self, group: dict) -> None:
         """torch.optim.AdamW's step for this group, through its functional form, with the same state keys."""
