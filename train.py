@@ -86,7 +86,7 @@ from pilegpt.train.optim_settings import apply_group_settings, group_settings
 from pilegpt.train.part_rates import with_part_rates
 from pilegpt.train.preemption import PREEMPTED, CheckpointClock, StopOnSignal
 from pilegpt.train.report import PLOT, REPORT, write_report
-from pilegpt.train.run_folder import CONFIG_JSON, RunFolder
+from pilegpt.train.run_folder import CONFIG_JSON, RunFolder, torch_history
 from pilegpt.train.run_uploads import S3Uploads, checkpoint_uploads
 from pilegpt.train.schedule import build_scheduler
 
@@ -491,6 +491,9 @@ def write_run_info(trainer: Trainer, cfg: TrainConfig, folder: RunFolder, world:
         path = os.path.join(folder.run_dir, CONFIG_JSON)
         shares = mix_shares(cfg, trainer.state.train_dataloader.dataset)
         info = run_info(cfg, world.size, device, precision, shares)
+        earlier = [v for v in torch_history(folder.run_dir) if v != info["torch"]] if folder.resuming else []
+        if earlier:  # a run resumed on another torch keeps the record of the ones it trained on before
+            info["torch_earlier"] = list(dict.fromkeys(earlier))
         atomic_write_text(path, mask_secrets(json.dumps(info, indent=2)) + "\n")
         if folder.remote:
             trainer.logger.upload_file(folder.remote_name(CONFIG_JSON), path, overwrite=True)

@@ -79,6 +79,8 @@ def prepare(cfg: TrainConfig, world: cluster.World, device: str, held: contextli
     folder = RunFolder(cfg, save_folder, run_dir, remote, found)
     if folder.resuming:
         check_same_model(cfg, run_dir, save_folder)
+        if world.rank == 0 and (note := other_torch_note(run_dir)):
+            print(f"{cfg.run_name}: {note}", flush=True)
     cfg, data_format = record_data(folder, world)
     if data_format == "mds":
         refresh_cache(cfg, world, device)
@@ -140,6 +142,28 @@ def check_same_model(cfg: TrainConfig, run_dir: str, save_folder: str) -> None:
                  "parameter group; only a change between rates resumes)"] if toggled else []
     if problems:
         raise UserError(f"autoresume: the checkpoints in {save_folder} {'; and '.join(problems)}; {fix}")
+
+
+def torch_history(run_dir: str) -> list[str]:
+    """The torch versions a run has trained on so far, oldest first, as its config.json records them ("torch_earlier",
+    then "torch"); [] without a readable record (check_same_model refuses a damaged one before any resume)."""
+    try:
+        info = json.loads(Path(run_dir, CONFIG_JSON).read_text())
+        earlier = info.get("torch_earlier", [])
+        versions = [*(earlier if isinstance(earlier, list) else []), info.get("torch")]
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [v for v in versions if isinstance(v, str)]
+
+
+def other_torch_note(run_dir: str) -> Optional[str]:
+    """One line when a run resumes on another torch than the one it last trained on; it is not refused: the
+    checkpoint loads, but kernels (and so the numerics) may differ from a run on one torch."""
+    history = torch_history(run_dir)
+    if not history or history[-1] == torch.__version__:
+        return None
+    return (f"resuming on torch {torch.__version__}; the run trained so far on torch {history[-1]} "
+            f"({os.path.join(run_dir, CONFIG_JSON)}): it goes on, but the numerics may differ from a run on one torch")
 
 
 def recorded(saved: dict, name: str) -> object:
