@@ -213,7 +213,7 @@ def render(info: dict, metrics: Metrics, results: dict[str, dict], sources: dict
     for k in ("python", "torch", "composer", "streaming", "numpy"):
         lines.append(f"| {k} | {info.get(k)} |")
         if k == "torch" and isinstance(info.get("torch_earlier"), list):  # resumed on another torch (run_folder.py)
-            lines.append(f"| torch before a resume | {', '.join(map(str, info['torch_earlier']))} |")
+            lines.append(f"| other torch this run trained on | {', '.join(map(str, info['torch_earlier']))} |")
     lines += mix_lines(info.get("data_mix"))
     lines += ["", f"## Training (source: `{sources['metrics']}`)", ""] + training_lines(metrics)
     lines += ["", "## HellaSwag", ""] + hellaswag_lines(config, metrics, results, sources)

@@ -164,6 +164,6 @@ def test_the_report_names_the_torch_a_resumed_run_trained_on_before():
 
     info = {"config": {"run_name": "r"}, "torch": "2.14.1", "torch_earlier": ["2.7.0+cu126"]}
     text = run_report.render(info, Metrics(), {}, {"config": "config.json", "metrics": "metrics.jsonl"}, None)
-    assert "| torch | 2.14.1 |\n| torch before a resume | 2.7.0+cu126 |" in text
-    assert "torch before a resume" not in run_report.render({"config": {}, "torch": "2.14.1"}, Metrics(), {},
+    assert "| torch | 2.14.1 |\n| other torch this run trained on | 2.7.0+cu126 |" in text
+    assert "other torch this run trained on" not in run_report.render({"config": {}, "torch": "2.14.1"}, Metrics(), {},
                                                             {"config": "c", "metrics": "m"}, None)
