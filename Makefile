@@ -1,6 +1,11 @@
 # pile-gpt: `make quickstart` runs the whole pipeline offline on CPU; `make test` runs the test suite (tests/unit/
 # and tests/e2e/), `make test-fast` tests/unit/ alone.
 # Both install what they need into the current Python environment first (pip skips what is there).
+# `make install-keep-torch` installs around the torch the environment already has (a GPU image's, a newer one) and
+# never replaces it (scripts/install_keep_torch.py). It leaves a marker in the environment (`install_keep_torch.py
+# --marked` prints its path); where it is, install and install-dev (so quickstart, test, test-fast) take that path
+# too instead of `pip install -r requirements.txt`, which would put the pinned torch 2.7.0 back. Deleting the marker
+# returns the environment to the pinned stack.
 PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 # make test's pytest-xdist workers: auto is one more than the CPUs, capped by memory (tests/conftest.py); 0 runs in
@@ -9,14 +14,18 @@ PIP ?= $(PYTHON) -m pip
 # in the order conftest.py gives (the longest first), not xdist's (the most tests first).
 WORKERS ?= auto
 PYTEST = $(PYTHON) -m pytest -n $(WORKERS) --dist loadfile --no-loadscope-reorder
+KEEP_TORCH = $(shell $(PYTHON) scripts/install_keep_torch.py --marked)
 
-.PHONY: install install-dev test test-fast lint quickstart bench
+.PHONY: install install-dev install-keep-torch test test-fast lint quickstart bench
 
 install:
-	$(PIP) install -q -r requirements.txt
+	$(if $(KEEP_TORCH),$(PYTHON) scripts/install_keep_torch.py,$(PIP) install -q -r requirements.txt)
 
 install-dev:
-	$(PIP) install -q -r requirements-dev.txt
+	$(if $(KEEP_TORCH),$(PYTHON) scripts/install_keep_torch.py --dev,$(PIP) install -q -r requirements-dev.txt)
+
+install-keep-torch:
+	$(PYTHON) scripts/install_keep_torch.py
 
 test: install-dev
 	$(PYTEST) tests

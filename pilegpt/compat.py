@@ -1,7 +1,13 @@
 """Every use of a library's private parts, in one place: Composer 0.32.1 and mosaicml-streaming 0.13.0. Each entry
 says which version it was written against and why the public API does not serve; tests/unit/test_compat.py fails when
 an upgrade moves one of them. Composer and Streaming are imported inside the functions (both are slow to import).
-Details: docs/extending.md."""
+Details: docs/extending.md.
+
+Torch: every entry holds on torch 2.7.0 (the pinned stack) and on 2.14.1 with numpy 2.5.5 and Python 3.12 (`make
+install-keep-torch`, tested by .ci/keep_torch), and neither needed a shim of its own: Composer 0.32.1's private torch
+imports (torch.distributed._tensor, fsdp._flat_param, ...) are all still there, and nothing the repo uses of
+Streaming 0.13.0 needs its numpy<2.2 pin. A shim for a later torch belongs here, with a test that fails both when
+it stops working and when that torch no longer needs it."""
 
 from __future__ import annotations
 

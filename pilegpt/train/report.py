@@ -211,7 +211,10 @@ def render(info: dict, metrics: Metrics, results: dict[str, dict], sources: dict
              "| setting | this run | default |", "|---|---|---|"]
     lines += [f"| {k} | `{v!r}` | `{d!r}` |" for k, v, d in changed_settings(config)]
     lines += ["", "## Environment", "", "| | version |", "|---|---|"]
-    lines += [f"| {k} | {info.get(k)} |" for k in ("python", "torch", "composer", "streaming", "numpy")]
+    for k in ("python", "torch", "composer", "streaming", "numpy"):
+        lines.append(f"| {k} | {info.get(k)} |")
+        if k == "torch" and isinstance(info.get("torch_earlier"), list):  # resumed on another torch (run/folder.py)
+            lines.append(f"| other torch this run trained on | {', '.join(map(str, info['torch_earlier']))} |")
     lines += mix_lines(info.get("data_mix"))
     lines += ["", f"## Training (source: `{sources['metrics']}`)", ""] + training_lines(metrics)
     lines += ["", "## HellaSwag", ""] + hellaswag_lines(config, metrics, results, sources)

@@ -4,6 +4,7 @@ A failure here after a version bump names the entry of compat.py to revisit."""
 import inspect
 import mmap
 import os
+import re
 import threading
 from pathlib import Path
 
@@ -259,3 +260,26 @@ def test_the_launcher_reports_the_first_failures_it_saw():
 
     assert "_monitor_processes(processes)" in inspect.getsource(launcher.main)
     assert list(inspect.signature(launcher._monitor_processes).parameters) == ["processes"]
+
+
+def test_the_private_torch_parts_composer_uses_are_still_in_this_torch():
+    """Composer 0.32.1 uses these private torch parts, most only when FSDP, activation checkpointing or a memory
+    profiler runs: a torch that moves one (checked up to 2.14.1: make install-keep-torch, .ci/keep_torch) needs a
+    shim in compat.py."""
+    import importlib
+
+    import composer
+
+    used = [("torch._dynamo", "OptimizedModule"), ("torch.distributed._shard.sharded_tensor", "ShardedTensor"),
+            ("torch.distributed._tensor", "DTensor"), ("torch.distributed._tensor.device_mesh", "init_device_mesh"),
+            ("torch.distributed.algorithms._checkpoint.checkpoint_wrapper", "apply_activation_checkpointing"),
+            ("torch.distributed.fsdp._common_utils", "clean_tensor_name"),
+            ("torch.distributed.fsdp._flat_param", "FlatParamHandle"),
+            ("torch.distributed.fsdp._runtime_utils", "_post_backward_final_callback"),
+            ("torch.profiler._memory_profiler", "MemoryProfileTimeline"), ("torch.cuda.memory", "_snapshot"),
+            ("torch.cuda.memory", "_record_memory_history"), ("torch.cuda._memory_viz", "trace_plot")]
+    sources = Path(composer.__file__).parent.rglob("*.py")
+    imported = {m for p in sources for m in re.findall(r"^\s*from (torch[\w.]*\._[\w.]*) import", p.read_text(), re.M)}
+    assert imported <= {module for module, _ in used}, imported  # one more in Composer's source: add it above
+    for module, name in used:
+        assert hasattr(importlib.import_module(module), name), f"{module}.{name}"

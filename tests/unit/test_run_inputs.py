@@ -138,3 +138,32 @@ def test_a_model_class_run_lacks_the_gpts_settings_and_resumes(tmp_path):
     check_same_model(cfg, run_dir, run_dir)
     with pytest.raises(UserError, match="model_class='other:Model' \\(the run has 'mypkg:Model'\\)"):
         check_same_model(dataclasses.replace(cfg, model_class="other:Model"), run_dir, run_dir)
+
+
+def test_a_resume_on_another_torch_is_said_in_one_line_and_never_refused(tmp_path):
+    import torch
+
+    from pilegpt.train.run.folder import other_torch_note, torch_history
+
+    assert other_torch_note(str(tmp_path)) is None and torch_history(str(tmp_path)) == []  # no config.json yet
+    record = tmp_path / "config.json"
+    record.write_text(json.dumps({"config": {}, "torch": torch.__version__}))
+    assert other_torch_note(str(tmp_path)) is None  # the same torch: nothing to say
+    record.write_text(json.dumps({"config": {}, "torch": "2.6.0+cu124", "torch_earlier": ["2.5.1"]}))
+    assert torch_history(str(tmp_path)) == ["2.5.1", "2.6.0+cu124"]
+    note = other_torch_note(str(tmp_path))
+    assert note == (f"resuming on torch {torch.__version__}; the run trained so far on torch 2.6.0+cu124 ({record}): "
+                    "it goes on, but the numerics may differ from a run on one torch")
+    for damaged in ("{", "[]", json.dumps({"torch": 7, "torch_earlier": "x"}), json.dumps({"torch_earlier": 3})):
+        record.write_text(damaged)  # not this note's to refuse (check_same_model names a damaged config.json)
+        assert other_torch_note(str(tmp_path)) is None
+
+
+def test_the_report_names_the_torch_a_resumed_run_trained_on_before():
+    from pilegpt.train.report import Metrics
+
+    info = {"config": {"run_name": "r"}, "torch": "2.14.1", "torch_earlier": ["2.7.0+cu126"]}
+    text = run_report.render(info, Metrics(), {}, {"config": "config.json", "metrics": "metrics.jsonl"}, None)
+    assert "| torch | 2.14.1 |\n| other torch this run trained on | 2.7.0+cu126 |" in text
+    assert "other torch this run trained on" not in run_report.render({"config": {}, "torch": "2.14.1"}, Metrics(), {},
+                                                            {"config": "c", "metrics": "m"}, None)

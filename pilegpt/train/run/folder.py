@@ -86,6 +86,8 @@ def prepare(cfg: TrainConfig, world: cluster.World, device: str, held: contextli
     folder = RunFolder(cfg, save_folder, run_dir, remote, found, {}, made)
     if folder.resuming:
         check_same_model(cfg, run_dir, save_folder)
+        if world.rank == 0 and (note := other_torch_note(run_dir)):
+            print(f"{cfg.run_name}: {note}", flush=True)
         cfg, note = keep_initial_settings(cfg, run_dir)
         if note and world.rank == 0:
             print(note, flush=True)
@@ -212,6 +214,28 @@ def keep_initial_settings(cfg: TrainConfig, run_dir: str) -> tuple[TrainConfig, 
     return cfg, (f"note: autoresume: {asked} act{'s' if len(kept) == 1 else ''} only when a run starts (the weights "
                  f"come from the checkpoint): the run keeps {', '.join(f'{k}={v!r}' for k, v in kept.items())}, as "
                  f"it started ({path})")
+
+
+def torch_history(run_dir: str) -> list[str]:
+    """The torch versions a run has trained on so far, oldest first, as its config.json records them ("torch_earlier",
+    then "torch"); [] without a readable record (check_same_model refuses a damaged one before any resume)."""
+    try:
+        info = json.loads(Path(run_dir, CONFIG_JSON).read_text())
+        earlier = info.get("torch_earlier", [])
+        versions = [*(earlier if isinstance(earlier, list) else []), info.get("torch")]
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [v for v in versions if isinstance(v, str)]
+
+
+def other_torch_note(run_dir: str) -> Optional[str]:
+    """One line when a run resumes on another torch than the one it last trained on; it is not refused: the
+    checkpoint loads, but kernels (and so the numerics) may differ from a run on one torch."""
+    history = torch_history(run_dir)
+    if not history or history[-1] == torch.__version__:
+        return None
+    return (f"resuming on torch {torch.__version__}; the run trained so far on torch {history[-1]} "
+            f"({os.path.join(run_dir, CONFIG_JSON)}): it goes on, but the numerics may differ from a run on one torch")
 
 
 def recorded(saved: dict, name: str) -> object:

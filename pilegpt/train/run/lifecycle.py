@@ -26,7 +26,7 @@ from pilegpt.train.data.loaders import mix_shares
 from pilegpt.train.report import PLOT, REPORT, write_report
 from pilegpt.train.run import cluster, data_record
 from pilegpt.train.run.cluster import World
-from pilegpt.train.run.folder import CONFIG_JSON, RunFolder
+from pilegpt.train.run.folder import CONFIG_JSON, RunFolder, torch_history
 from pilegpt.train.run.preemption import PREEMPTED, StopOnSignal
 from pilegpt.train.run.uploads import S3Uploads
 
@@ -118,6 +118,9 @@ def write_run_info(trainer: Trainer, cfg: TrainConfig, folder: RunFolder, world:
         path = os.path.join(folder.run_dir, CONFIG_JSON)
         shares = mix_shares(cfg, trainer.state.train_dataloader.dataset)
         info = run_info(cfg, world.size, device, precision, shares)
+        earlier = [v for v in torch_history(folder.run_dir) if v != info["torch"]] if folder.resuming else []
+        if earlier:  # a run resumed on another torch keeps the record of the ones it trained on before
+            info["torch_earlier"] = list(dict.fromkeys(earlier))
         atomic_write_text(path, mask_secrets(json.dumps(info, indent=2)) + "\n")
         if folder.remote:
             trainer.logger.upload_file(folder.remote_name(CONFIG_JSON), path, overwrite=True)
