@@ -1,5 +1,5 @@
 """GPT-2 124M on one GPU: first its compiled step beside the presets' (tokens/s, MFU, peak memory, the optimizer's
-share of the step), then a race of GPT-2's recipe against config/modern.py and config/nanochat.py on the same real
+share of the step), then a race of GPT-2's recipe against config/modern.py and the nanochat preset on the same real
 text for the same seconds; then, when asked, the older comparison rows (eager vs compile, vocab, "auto", loader).
 
 Usage:
@@ -9,10 +9,11 @@ Usage:
     python bench/bench_gpu.py --race-s 0 --variants eager-50304-fixed compile-50304-fixed --loader-workers 8,2,0
 
 The race. Contestants: `gpt2` (config/pile.py: GPT-2's architecture and AdamW), `modern` (config/pile.py then
-config/modern.py) and `nanochat` (config/pile.py then config/nanochat.py; skipped with a note while that file is
-not in the checkout). Each is one real `python train.py config/pile.py [preset] --compile=True ...` process at
-124M (pile.py's 12 x 768, block 1024, vocab 50304) with amp_bf16 and pile.py's per-GPU batch (480 sequences over its
-8 GPUs = 60 per step, microbatch 12); the race's settings come after the preset, so every contestant trains the
+config/modern.py) and `nanochat` (config/pile.py then the nanochat preset's file in config/, named in
+CONTESTANTS; skipped with a note while that file is not in the checkout). Each is one real
+`python train.py config/pile.py [preset] --compile=True ...` process at 124M (pile.py's 12 x 768, block 1024,
+vocab 50304) with amp_bf16 and pile.py's per-GPU batch (480 sequences over its 8 GPUs = 60 per step, microbatch
+12); the race's settings come after the preset, so every contestant trains the
 same batch on the same schedule: 50 batches of linear warmup, then its recipe's own peak rates (max_duration is
 100,000 batches, which no one reaches: the cosine stays within 1% of the peak, nobody anneals; an annealed end
 would lower every curve, by an amount this race does not measure). Its text: this machine's Python sources (the
@@ -60,7 +61,7 @@ docs/performance.md#on-a-gpu): 69-81 s per eager variant, 114 s compiled (29 s o
 starts only with MIN_RUN_S left of --budget-s.
 
 Time on one H100 (estimated from the H200's figures, not yet run): ~30 s for the text (16 cores), then 3 x (75 s
-of start-up, compile and checkpoint + 75 s) = ~7.5 min, ~8 min in all; with config/nanochat.py absent, ~5.5 min.
+of start-up, compile and checkpoint + 75 s) = ~7.5 min, ~8 min in all; without the nanochat preset, ~5.5 min.
 The tables are rewritten to --out after every run, so a timeout keeps what was measured; train.py's output,
 metrics.jsonl, config.json, the race clock and Composer's log of every run go beside it, to {out stem}_logs/.
 
@@ -291,7 +292,8 @@ def race_settings(setup: Setup, c: Contestant, precision: str, seconds: float, c
     return [str(PILE), *[str(REPO / "config" / p) for p in c.presets], f"--data_dir={setup.data_dir}",
             f"--block_size={setup.block_size}", f"--global_batch_size={setup.batch}",
             f"--device_train_microbatch_size={setup.microbatch}", f"--max_duration={RACE_HORIZON}ba",
-            f"--warmup={RACE_WARMUP[kind]}ba", f"--eval_interval={every}ba", f"--eval_subset_num_batches={eval_batches}",
+            f"--warmup={RACE_WARMUP[kind]}ba", f"--eval_interval={every}ba",
+            f"--eval_subset_num_batches={eval_batches}",
             "--hellaswag_examples=0", "--save_interval=1000000ba", "--sample_length=0", "--progress_bar=False",
             "--log_interval=50", "--autoresume=False", "--save_overwrite=True", "--speed_window=20",
             f"--run_name=race-{c.name}", f"--save_folder={setup.work / 'runs' / ('race-' + c.name)}",
@@ -350,7 +352,8 @@ def read_race(run: RaceRun, c: Contestant, setup: Setup, run_dir: Path, clock: P
     peak = peak_tflops(gpu) if gpu else None
     if run.tokens_per_s is not None:
         flops = flops_per_token(setup.extra, setup.block_size, c.presets)
-        run.mfu = f"{100 * run.tokens_per_s * flops / (peak * 1e12):.1f}%" if peak else "n/a (CPU)" if not gpu else "n/a"
+        run.mfu = (f"{100 * run.tokens_per_s * flops / (peak * 1e12):.1f}%" if peak
+                   else "n/a" if gpu else "n/a (CPU)")
 
 
 def reaches(curve: list[tuple[float, float]], target: float) -> Optional[float]:
@@ -719,9 +722,9 @@ def render(rows: list[Row], header: list[str], recommendation: str = "", race: O
               "|" + "---|" * len(columns)]
     for r in rows:
         ratio = f"{r.tokens_per_s / base:.2f}x" if r.tokens_per_s is not None and base else "–"
-        cells = [r.name, r.compile or "–", r.vocab or "–", r.microbatch or "–", fmt(r.tokens_per_s, ",.0f"), ratio,
-                 fmt(r.samples_per_s, ",.1f"), r.mfu or "–", fmt(r.peak_gb, ".1f"), fmt(r.first_batch_s, ".1f"),
-                 fmt(r.run_s, ".0f"), r.note.replace("|", "/")]
+        cells = [r.name, r.compile or "–", r.vocab or "–", r.microbatch or "–", fmt(r.tokens_per_s, ",.0f"),
+                 ratio, fmt(r.samples_per_s, ",.1f"), r.mfu or "–", fmt(r.peak_gb, ".1f"),
+                 fmt(r.first_batch_s, ".1f"), fmt(r.run_s, ".0f"), r.note.replace("|", "/")]
         lines.append("| " + " | ".join(cells) + " |")
     if recommendation:
         lines += ["", recommendation]

@@ -22,6 +22,7 @@ import torch
 from composer.core import Callback, State
 from composer.loggers import Logger
 
+
 class RaceClock(Callback):
     def __init__(self, seconds: float, path: str, sample_every: int = 10, first_timed: int = 10,
                  min_batches: int = 0):

@@ -70,11 +70,11 @@ def test_every_variants_settings_are_ones_train_py_takes(tmp_path):
 
 
 def table_rows(markdown: str) -> dict[str, dict[str, str]]:
-    """The markdown table's rows by their first cell, each as {column: cell}."""
+    """The first markdown table's rows by their first cell, each as {column: cell}."""
     lines = [ln for ln in markdown.splitlines() if ln.startswith("| ")]
     columns = [c.strip() for c in lines[0].strip("|").split("|")]
     rows = [dict(zip(columns, (c.strip() for c in ln.strip("|").split("|")))) for ln in lines[1:]]
-    return {r["variant"]: r for r in rows}
+    return {r[columns[0]]: r for r in rows}
 
 
 def number(cell: str) -> float:
