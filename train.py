@@ -187,6 +187,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         cfg, pretrained = read_config(argv)
         world = World.from_env()  # the launcher (composer -n N) sets it for each process
         device, precision = resolve_system(cfg, world)
+        cfg = resolve_compile(cfg, device)  # config.json records what was used
         cluster.join(world, device, cfg.dist_timeout)  # every process of the job is there, or one line says who not
         folder = run_folder.prepare(cfg, world, device, held)  # lock, checkpoint repairs, refusals, data record
         cfg = folder.cfg
@@ -246,6 +247,28 @@ def resolve_system(cfg: TrainConfig, world: World) -> tuple[str, str]:
         if world.local_size > 1 and "OMP_NUM_THREADS" not in os.environ:
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // world.local_size))  # do not oversubscribe cores
     return device, precision
+
+
+def resolve_compile(cfg: TrainConfig, device: str) -> TrainConfig:
+    """compile="auto" (config/pile*.py) as True on a GPU, where torch.compile paid 1.34x on one H200 after ~30 s
+    (docs/performance.md#on-a-gpu), and False on CPU, where compiling costs minutes that a short run never earns
+    back; True and False stay as given."""
+    if cfg.compile != "auto":
+        return cfg
+    return dataclasses.replace(cfg, compile=device == "gpu")
+
+
+def compile_failure(e: BaseException) -> Optional[str]:
+    """One line for an error raised by torch.compile (TorchDynamo or Inductor, also as the cause of another), naming
+    the way around it; None for any other error."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if type(e).__module__.startswith(("torch._dynamo", "torch._inductor")):
+            return (f"torch.compile failed ({type(e).__name__}: {one_line(e)[:300]}); train without it: "
+                    "--compile=False")
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def build_model(cfg: TrainConfig, pretrained: Pretrained, folder: RunFolder, world: World) -> ComposerGPT:
@@ -389,7 +412,8 @@ def build_outputs(cfg: TrainConfig, model: ComposerGPT, folder: RunFolder, devic
     start, run_dir = time.strftime("%Y%m%d-%H%M%S"), folder.run_dir
     os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
     metrics_log = MetricsLog(os.path.join(run_dir, METRICS_JSONL), cfg.log_interval, print_steps=not cfg.progress_bar,
-                             remote_name=folder.remote_name(f"logs/{start}-{METRICS_JSONL}"))
+                             remote_name=folder.remote_name(f"logs/{start}-{METRICS_JSONL}"),
+                             compiled=cfg.compile is True)
     uploads = S3Uploads(folder.remote.bucket) if folder.remote else None  # checkpoints, config, model.pt, logs
     loggers = [*([uploads] if uploads is not None else []),
                FileLogger(filename=os.path.join(run_dir, "logs", f"{start}-rank{{rank}}.txt"),
@@ -449,7 +473,7 @@ def fit_and_report(trainer: Trainer, out: Outputs, cfg: TrainConfig, folder: Run
         if start_batch and world.rank == 0:
             print(f"{cfg.run_name}: resuming from the checkpoint at batch {start_batch} ({start_tokens:,} tokens) "
                   f"in {folder.save_folder}, training to {state.max_duration}", flush=True)
-        fit(trainer, folder)
+        fit(trainer, folder, compiled=cfg.compile is True)
         finish(trainer, out, folder, world)
         if out.preemption.stopped_at is not None:  # SIGTERM: the checkpoint of that batch is written (and uploaded)
             out.preemption.finish()
@@ -497,13 +521,16 @@ def write_run_info(trainer: Trainer, cfg: TrainConfig, folder: RunFolder, world:
     trainer.logger.log_hyperparameters(used_settings(cfg))
 
 
-def fit(trainer: Trainer, folder: RunFolder) -> None:
-    """trainer.fit(); a lost S3 connection, a lost node or a full disk is one line, not a traceback."""
+def fit(trainer: Trainer, folder: RunFolder, compiled: bool = False) -> None:
+    """trainer.fit(); a lost S3 connection, a lost node, a full disk or a failed torch.compile is one line, not a
+    traceback."""
     try:
         trainer.fit()
     except Exception as e:
         if isinstance(e, UserError):
             raise
+        if compiled and (line := compile_failure(e)) is not None:
+            raise UserError(line) from None
         if (full := failed_write(e, folder.run_dir if folder.remote else folder.save_folder)) is not None:
             raise UserError(f"{full}: free space on that disk (or choose another --save_folder), then re-run "
                             "with --autoresume=True: it continues from the last whole checkpoint") from None
