@@ -18,7 +18,7 @@ same batch on the same schedule: 50 batches of linear warmup, then its recipe's 
 100,000 batches, which no one reaches: the cosine stays within 1% of the peak, nobody anneals; an annealed end
 would lower every curve, by an amount this race does not measure). Its text: this machine's Python sources (the
 standard library's, then the installed packages', sorted; the GPU machine has no internet), each file one
-document, tokenized by prepare_data.py (GPT-2 BPE; 30M train tokens by default, 2% of the files for val), never
+document, tokenized by prepare_data.py (GPT-2 BPE; 40M train tokens by default, 2% of the files for val), never
 random ids. Its clock: bench/race_clock.py, a Composer callback train.py loads by name, counts training seconds from
 the end of batch 1 (the compile is behind it) less the evaluations (their compile included), stops the run at
 --race-s and records the val loss of each evaluation (every 50 batches, the same 8 x 16 sequences) against them.
@@ -208,7 +208,7 @@ RACE_S = {"gpu": 75.0, "smoke": 3.0}  # seconds of training each (--race-s)
 # these, and what remains is split evenly into the contestants' seconds
 RACE_OVERHEAD_S = {"gpu": 75.0, "smoke": 15.0}
 MIN_RACE_S = {"gpu": 20.0, "smoke": 1.0}  # less than this each and the race is skipped with a note
-RACE_TOKENS = {"gpu": 30_000_000, "smoke": 150_000}  # train tokens of the race's text (--race-tokens)
+RACE_TOKENS = {"gpu": 40_000_000, "smoke": 150_000}  # train tokens of the race's text (--race-tokens)
 RACE_VAL = {"gpu": 0.02, "smoke": 0.2}  # the fraction of the documents (files) held out for val
 RACE_WARMUP = {"gpu": 50, "smoke": 5}  # batches of linear warmup, then the peak rates (see the docstring)
 RACE_EVAL = {"gpu": (50, 8), "smoke": (2, 1)}  # an evaluation every N batches, of M batches of 16 sequences
@@ -404,9 +404,10 @@ def run_race(table: "Table", setup: Setup, args: argparse.Namespace, precision: 
     left = args.budget_s - (time.monotonic() - t_start)
     seconds = race_seconds(args, left, len(here))
     if seconds < MIN_RACE_S[kind]:
-        table.race_notes.append(f"race skipped: {max(left, 0):.0f} s left of --budget-s {args.budget_s:.0f} pays "
-                                f"{len(here)} contestants' overheads (~{RACE_OVERHEAD_S[kind]:.0f} s each) and "
-                                f"not {MIN_RACE_S[kind]:.0f} s of training each")
+        table.race_notes.append(f"race skipped: {max(seconds, 0):.0f} s of training each (--race-s, or what "
+                                f"{max(left, 0):.0f} s left of --budget-s {args.budget_s:.0f} pays after "
+                                f"{len(here)} overheads of ~{RACE_OVERHEAD_S[kind]:.0f} s) is under "
+                                f"{MIN_RACE_S[kind]:.0f} s")
         return
     table.race_s = seconds
     for i, c in enumerate(here):
