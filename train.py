@@ -174,6 +174,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         cfg, pretrained = read_config(argv)
         world = World.from_env()  # the launcher (composer -n N) sets it for each process
         device, precision = resolve_system(cfg, world)
+        cfg = resolve_compile(cfg, device)  # config.json records what was used
         cluster.join(world, device, cfg.dist_timeout)  # every process of the job is there, or one line says who not
         folder = run_folder.prepare(cfg, world, device, held)  # lock, checkpoint repairs, refusals, data record
         cfg = folder.cfg
@@ -220,6 +221,15 @@ def resolve_system(cfg: TrainConfig, world: World) -> tuple[str, str]:
         if world.local_size > 1 and "OMP_NUM_THREADS" not in os.environ:
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // world.local_size))  # do not oversubscribe cores
     return device, precision
+
+
+def resolve_compile(cfg: TrainConfig, device: str) -> TrainConfig:
+    """compile="auto" (config/pile*.py) as True on a GPU, where torch.compile paid 1.34x on one H200 after ~30 s
+    (docs/performance.md#on-a-gpu), and False on CPU, where compiling costs minutes that a short run never earns
+    back; True and False stay as given."""
+    if cfg.compile != "auto":
+        return cfg
+    return dataclasses.replace(cfg, compile=device == "gpu")
 
 
 def build_model(cfg: TrainConfig, pretrained: Pretrained, folder: RunFolder, world: World) -> ComposerGPT:
@@ -359,7 +369,8 @@ def build_loggers_and_callbacks(cfg: TrainConfig, model: ComposerGPT, folder: Ru
     start, run_dir = time.strftime("%Y%m%d-%H%M%S"), folder.run_dir
     os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
     metrics_log = MetricsLog(os.path.join(run_dir, METRICS_JSONL), cfg.log_interval, print_steps=not cfg.progress_bar,
-                             remote_name=folder.remote_name(f"logs/{start}-{METRICS_JSONL}"))
+                             remote_name=folder.remote_name(f"logs/{start}-{METRICS_JSONL}"),
+                             compiled=cfg.compile is True)
     uploads = S3Uploads(folder.remote.bucket) if folder.remote else None  # checkpoints, config, model.pt, logs
     loggers = [*([uploads] if uploads is not None else []),
                FileLogger(filename=os.path.join(run_dir, "logs", f"{start}-rank{{rank}}.txt"),

@@ -1,61 +1,73 @@
-"""GPT-2 124M (config/pile.py) on one GPU: eager vs torch.compile, vocab 50257 vs 50304, microbatch fixed vs "auto",
-and the data loader alone; one markdown table, ratios against eager-50257-fixed, and a recommendation.
+"""GPT-2 124M on one GPU: first its compiled step beside the presets' (tokens/s, MFU, peak memory, the optimizer's
+share of the step), then a race of GPT-2's recipe against config/modern.py and the nanochat preset on the same real
+text for the same seconds; then, when asked, the older comparison rows (eager vs compile, vocab, "auto", loader).
 
 Usage:
-    python bench/bench_gpu.py --out $OUT/bench_gpu.md       # the GPU session: one command, ~8.5 min on an H200
-    python bench/bench_gpu.py --smoke                      # the same code on CPU, tiny model, ~1 min (the test)
-    python bench/bench_gpu.py --only eager-50257-fixed compile-50304-fixed --out /tmp/b.md
-    python bench/bench_gpu.py --steps 50 --warmup 20 --batch 120 --budget-s 900
+    python bench/bench_gpu.py --out $OUT/bench_gpu.md       # the GPU session: one command, ~8 min on an H100
+    python bench/bench_gpu.py --smoke                      # the same code on CPU, tiny model, eager (the test)
+    python bench/bench_gpu.py --race-s 120 --budget-s 560 --out /tmp/b.md
+    python bench/bench_gpu.py --race-s 0 --variants eager-50304-fixed compile-50304-fixed --loader-workers 8,2,0
 
-What runs: random GPT-2 token ids (uniform over 50,257), written as a prepare_data .bin (data.write_token_files) and
-converted by to_mds.py itself (zstd, train/ and val/), so the data is exactly what to_mds writes for the Pile. Each
-variant is one real `python train.py config/pile.py --data_dir=... --max_duration={steps}ba ...` process, with
-pile.py's model (12 layers, 12 heads, 768 wide, block 1024), AdamW (Muon in its row), grad clipping, num_workers and
-callbacks, and amp_bf16. The batch is pile.py's per-GPU share: 480 sequences over its 8 GPUs = 60 per step, in
-microbatches of pile.py's 12 ("fixed") or Composer's "auto" (start at the whole batch, halve on each CUDA OOM).
-Nothing is downloaded. The rows, in the order they run (later rows are the first to fall to --budget-s):
+The race. Contestants: `gpt2` (config/pile.py: GPT-2's architecture and AdamW), `modern` (config/pile.py then
+config/modern.py) and `nanochat` (config/pile.py then the nanochat preset's file in config/, named in
+CONTESTANTS; skipped with a note while that file is not in the checkout). Each is one real
+`python train.py config/pile.py [preset] --compile=True ...` process at 124M (pile.py's 12 x 768, block 1024,
+vocab 50304) with amp_bf16 and pile.py's per-GPU batch (480 sequences over its 8 GPUs = 60 per step, microbatch
+12); the race's settings come after the preset, so every contestant trains the
+same batch on the same schedule: 50 batches of linear warmup, then its recipe's own peak rates (max_duration is
+100,000 batches, which no one reaches: the cosine stays within 1% of the peak, nobody anneals; an annealed end
+would lower every curve, by an amount this race does not measure). Its text: this machine's Python sources (the
+standard library's, then the installed packages', sorted; the GPU machine has no internet), each file one
+document, tokenized by prepare_data.py (GPT-2 BPE; 40M train tokens by default, 2% of the files for val), never
+random ids. Its clock: bench/race_clock.py, a Composer callback train.py loads by name, counts training seconds from
+the end of batch 1 (the compile is behind it) less the evaluations (their compile included), stops the run at
+--race-s and records the val loss of each evaluation (every 50 batches, the same 8 x 16 sequences) against them.
+--race-s (default 75) shrinks, the same for all, when --budget-s cannot pay every contestant's seconds and its
+~75 s of start-up, compile and final checkpoint. The race's table: the val loss at 1/4, 1/2, 3/4 and all of the
+seconds (linear between evaluations), the batches and epochs of the text each ran, and the second each reached
+gpt2's final val loss, with its ratio to gpt2's.
+
+The compiled step, from the same runs (the race's steps are the benchmark's steps):
+    tokens/s      tokens per step over the median step time of batches 11 .. last-1 (train.py's metrics.jsonl
+                  time_s; every step ends in a GPU sync, Composer's loss .item(); evaluation steps are slow outliers
+                  that the median leaves out)
+    MFU           tokens/s x model.GPT.flops_per_token() (of that recipe) / the GPU's dense bf16 peak
+                  (PEAK_BF16_TFLOPS, by device name); a GPU not in that table: n/a
+    peak GB       torch.cuda.max_memory_allocated, from Composer's MemoryMonitor in the run's file log (1e9 bytes)
+    1st batch s   from train.py's logger set-up to the end of batch 1: mostly the compile
+    optimizer ms  the median optimizer update (Muon and its AdamW groups for the presets, fused AdamW for gpt2), timed
+                  by race_clock.py in the run itself on every 10th step from batch 10: the closure (the microbatches'
+                  forward and backward) runs first, then a device sync, the update alone, another sync. In the real
+                  run, on the real model and gradients, rather than in a separate process: no second copy of the
+                  model, and no guess at what Composer's step leaves around the optimizer
+    optimizer share  optimizer ms over the median step's ms: Muon's share of the step for the presets
+
+The older rows (--variants, run after the race while the budget lasts; none by default): random GPT-2 token ids
+written as a prepare_data .bin and converted by to_mds.py (zstd), 30 steps each of pile.py's model, the median step
+of steps warmup+1 .. steps-1, with the columns above plus vocab and microbatch:
     eager-50257-fixed     the baseline: pile.py unpadded (compile=False, vocab 50257 as it was, microbatch 12)
     eager-50304-fixed     vocab padded to a multiple of 64
     eager-50304-muon      eager-50304-fixed with optimizer="muon" instead of AdamW: what Muon's steps cost
     eager-50304-modern    eager-50304-fixed with config/modern.py applied after pile.py (the architecture preset)
     compile-50304-fixed   eager-50304-fixed and torch.compile (train.py --compile=True)
     compile-50304-modern  compile-50304-fixed with config/modern.py
-    eager-50304-auto      microbatch "auto" instead of 12
-    compile-50304-auto    compile + padded vocab + "auto": the fastest candidate default
-    compile-50257-fixed   compile without the padding (does padding matter more once compiled?)
-    loader, W workers     loaders.build_dataloaders on the same data with pile.py's settings and num_workers=W, iterated
-                          --loader-batches batches with no model (pin_memory as train.py on GPU)
+    eager-50304-auto      microbatch "auto" instead of 12 (Composer: start at the whole batch, halve on each CUDA OOM)
+    compile-50304-auto    compile + padded vocab + "auto"
+    compile-50257-fixed   compile without the padding
+    loader, W workers     (--loader-workers W,...) loaders.build_dataloaders on the same data with pile.py's settings,
+                          iterated --loader-batches batches with no model
+and a recommendation for config/pile.py's defaults from them. Measured on one H200 (2026-12-04,
+docs/performance.md#on-a-gpu): 69-81 s per eager variant, 114 s compiled (29 s of it before batch 1); a variant
+starts only with MIN_RUN_S left of --budget-s.
 
-Columns:
-    tokens/s      tokens per step over the median step time of steps warmup+1 .. steps-1 (train.py's metrics.jsonl
-                  time_s; every step ends in a GPU sync, Composer's loss .item(); the last step is left out: it
-                  also holds the final evaluation and checkpoint). Loader rows: samples/s x block_size.
-    vs base       tokens/s over eager-50257-fixed's tokens/s of the same run (loader rows: how many times the
-                  baseline's appetite the loader can feed)
-    samples/s     tokens/s / block_size
-    MFU           tokens/s x model.GPT.flops_per_token() / the GPU's dense bf16 peak (PEAK_BF16_TFLOPS, by device
-                  name); a GPU not in that table: Composer SpeedMonitor's MFU (its own table, averaged over the timed
-                  steps), marked "(Composer)"; else n/a. The padded vocab's extra 47 columns count as FLOPs.
-    peak GB       torch.cuda.max_memory_allocated of the training process, in GB of 1e9 bytes: Composer's
-                  MemoryMonitor memory/peak_allocated_mem, read from the run's file log (logs/*-rank0.txt;
-                  metrics.jsonl does not keep it). With "auto" it includes the microbatches that ran out of memory.
-    1st batch s   from train.py's logger set-up (just before the Trainer is built) to the end of batch 1: the
-                  compile time, the OOM search of "auto"
-    run s         the whole train.py process: imports, data, compile, steps, final evaluation, checkpoint
-    microbatch    the fixed size, or "auto -> N" with the size Composer settled on (its file log)
+Time on one H100 (estimated from the H200's figures, not yet run): ~30 s for the text (16 cores), then 3 x (75 s
+of start-up, compile and checkpoint + 75 s) = ~7.5 min, ~8 min in all; without the nanochat preset, ~5.5 min.
+The tables are rewritten to --out after every run, so a timeout keeps what was measured; train.py's output,
+metrics.jsonl, config.json, the race clock and Composer's log of every run go beside it, to {out stem}_logs/.
 
-Time, measured on one H200 (2026-12-04, docs/performance.md#on-a-gpu): 69-81 s per eager variant (start-up, 30
-steps of 61k tokens, the final eval and a 1.5 GB checkpoint), 114 s compiled (29 s of it before batch 1).
---budget-s (default 420) bounds the variants, counted from the start: a variant starts only with MIN_RUN_S left (85 s
-eager, 130 s compiled) and is stopped when the budget runs out (its finished steps still count); the rest are skipped
-with a note. Then the loader rows (~55 s measured: 41 s at 8 workers), so the command ends within ~8.5 min. The
-table is rewritten to --out after every row, so a timeout keeps what was measured; train.py's output, metrics.jsonl,
-config.json and Composer's log of every run go beside it, to {out stem}_logs/. GPU memory (measured on the H200):
-13.9 GB peak with microbatch 12 eager, 10.2 GB compiled, 59.6 GB for "auto", which settled on the whole batch of 60.
-
---smoke: the same code on CPU in fp32 with a tiny model (2 layers, 64 wide, block 64, batch 8 of microbatch 4, 8
-steps, 2 workers): the eager rows and the loader rows (2 and 0 workers) run, the compile and "auto" rows are marked
-"skipped: GPU only". ~1 min on 2 idle cores, most of it three train.py start-ups; up to ~2 min on busy ones.
+--smoke: the same code on CPU in fp32 with a tiny model (2 layers, 64 wide, block 64, batch 8 of microbatch 4),
+eager (compiling on CPU costs minutes for nothing this bench measures), 150k tokens of text, 3 s of race each, an
+evaluation every 2 batches; the compile and "auto" variants are marked "skipped: GPU only".
 """
 
 from __future__ import annotations
@@ -63,6 +75,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import os
 import re
 import shutil
@@ -180,6 +193,231 @@ class Row:
 
 
 # ----------------------------------------------------------------------------------------------------------
+# The race: GPT-2's recipe against the presets, compiled, on real text, for the same seconds each
+
+@dataclass(frozen=True)
+class Contestant:
+    name: str
+    presets: tuple[str, ...]  # config files applied after config/pile.py
+
+
+CONTESTANTS = (Contestant("gpt2", ()), Contestant("modern", ("modern.py",)), Contestant("nanochat", ("nanochat.py",)))
+RACE_S = {"gpu": 75.0, "smoke": 3.0}  # seconds of training each (--race-s)
+# start-up, data, compile, the evaluations' compile and the final checkpoint of one contestant on a GPU (estimated
+# from the H200's 29 s before batch 1 and ~70 s of an eager run's overhead): the budget left after the corpus pays
+# these, and what remains is split evenly into the contestants' seconds
+RACE_OVERHEAD_S = {"gpu": 75.0, "smoke": 15.0}
+MIN_RACE_S = {"gpu": 20.0, "smoke": 1.0}  # less than this each and the race is skipped with a note
+RACE_TOKENS = {"gpu": 40_000_000, "smoke": 150_000}  # train tokens of the race's text (--race-tokens)
+RACE_VAL = {"gpu": 0.02, "smoke": 0.2}  # the fraction of the documents (files) held out for val
+RACE_WARMUP = {"gpu": 50, "smoke": 5}  # batches of linear warmup, then the peak rates (see the docstring)
+RACE_EVAL = {"gpu": (50, 8), "smoke": (2, 1)}  # an evaluation every N batches, of M batches of 16 sequences
+# race_clock.py's optimizer timing from batch first_timed on, every sample_every-th step; --smoke: at least
+# min_batches whatever the seconds, so the test has steps to time on a busy CPU
+RACE_CLOCK = {"gpu": {"first_timed": 10, "sample_every": 10}, "smoke": {"first_timed": 2, "sample_every": 1,
+                                                                         "min_batches": 6}}
+RACE_STEP_WARMUP = {"gpu": 10, "smoke": 1}  # batches left out of the median step: the compile and its warm-up
+RACE_HORIZON = 100_000  # max_duration in batches: never reached in the race, so the cosine stays near its peak
+
+
+def contestants() -> tuple[list[Contestant], list[str]]:
+    """(those whose config files exist, a note for each that does not)."""
+    here = [c for c in CONTESTANTS if all((REPO / "config" / p).is_file() for p in c.presets)]
+    notes = [f"{c.name}: skipped, config/{' config/'.join(c.presets)} is not in this checkout"
+             for c in CONTESTANTS if c not in here]
+    return here, notes
+
+
+def python_sources() -> list[Path]:
+    """This interpreter's Python sources: the standard library's, then the installed packages', each sorted."""
+    import sysconfig
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    packages = [Path(sysconfig.get_paths()[k]) for k in ("purelib", "platlib")]
+    own = sorted(p for p in stdlib.rglob("*.py") if not {"site-packages", "dist-packages"} & set(p.parts))
+    installed = sorted({p for root in dict.fromkeys(packages) if root.is_dir() for p in root.rglob("*.py")})
+    return own + installed
+
+
+def write_race_text(folder: Path, tokens: int, workers: int, val_fraction: float) -> Path:
+    """The race's text: this machine's Python sources, each file one document (numbered: prepare_data.py takes a
+    name with "val" in it for a validation file), about 4 bytes a token, tokenized by prepare_data.py (GPT-2 BPE,
+    `val_fraction` of the documents for val, --max-tokens train tokens): folder/tokens."""
+    text = folder / "text"
+    text.mkdir(parents=True, exist_ok=True)
+    written = 0
+    for i, source in enumerate(python_sources()):
+        if written >= 4 * tokens:
+            break
+        body = source.read_text(encoding="utf-8", errors="replace")
+        if body.strip():
+            (text / f"{i:06d}.txt").write_text(body)
+            written += len(body)
+    out = folder / "tokens"
+    cmd = [sys.executable, str(REPO / "prepare_data.py"), "--input", str(text), "--val-fraction", str(val_fraction),
+           "--max-tokens", str(tokens), "--num-proc", str(workers), "--out-dir", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise UserError(f"prepare_data.py failed on the race's text: {(done.stdout + done.stderr)[-2000:]}")
+    shutil.rmtree(text, ignore_errors=True)
+    return out
+
+
+@dataclass
+class RaceRun:
+    """One contestant: its step (the first table) and its val loss against seconds (the race's table)."""
+    name: str
+    config: str
+    compiled: bool
+    tokens_per_s: Optional[float] = None
+    mfu: str = ""
+    peak_gb: Optional[float] = None
+    first_batch_s: Optional[float] = None
+    step_ms: Optional[float] = None  # the median step
+    optimizer_ms: Optional[float] = None  # the median optimizer update (race_clock.py)
+    curve: list[tuple[float, float]] = field(default_factory=list)  # (race seconds, val loss)
+    batches: int = 0
+    tokens: int = 0
+    run_s: Optional[float] = None
+    note: str = ""
+    versions: str = ""
+
+
+def race_settings(setup: Setup, c: Contestant, precision: str, seconds: float, clock: Path) -> list[str]:
+    """train.py's arguments for contestant c: config/pile.py, its presets, then the race's settings (last, so a
+    preset's own schedule, batch or data settings give way to the race's: every contestant runs the same)."""
+    kind = "smoke" if setup.smoke else "gpu"
+    every, eval_batches = RACE_EVAL[kind]
+    callbacks = {"race_clock:RaceClock": {"seconds": seconds, "path": str(clock), **RACE_CLOCK[kind]}}
+    return [str(PILE), *[str(REPO / "config" / p) for p in c.presets], f"--data_dir={setup.data_dir}",
+            f"--block_size={setup.block_size}", f"--global_batch_size={setup.batch}",
+            f"--device_train_microbatch_size={setup.microbatch}", f"--max_duration={RACE_HORIZON}ba",
+            f"--warmup={RACE_WARMUP[kind]}ba", f"--eval_interval={every}ba",
+            f"--eval_subset_num_batches={eval_batches}",
+            "--hellaswag_examples=0", "--save_interval=1000000ba", "--sample_length=0", "--progress_bar=False",
+            "--log_interval=50", "--autoresume=False", "--save_overwrite=True", "--speed_window=20",
+            f"--run_name=race-{c.name}", f"--save_folder={setup.work / 'runs' / ('race-' + c.name)}",
+            f"--compile={not setup.smoke}", f"--precision={precision}", f"--callbacks={callbacks!r}", *setup.extra]
+
+
+def run_contestant(setup: Setup, c: Contestant, precision: str, seconds: float, timeout_s: float) -> RaceRun:
+    """One train.py process for `seconds` of training after batch 1; its step and its curve."""
+    run_dir, clock = setup.work / "runs" / f"race-{c.name}", setup.work / f"race-{c.name}.clock.jsonl"
+    run = RaceRun(c.name, " + ".join(["pile.py", *c.presets]), compiled=not setup.smoke)
+    cmd = [sys.executable, str(REPO / "train.py"), *race_settings(setup, c, precision, seconds, clock)]
+    print(f"race {c.name}: {' '.join(cmd[1:])}", flush=True)
+    out_file = (setup.logs or setup.work) / f"race-{c.name}.out.txt"
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    returncode, timed_out = run_with_timeout(cmd, setup.work, train_env(setup), out_file, timeout_s)
+    run.run_s = time.monotonic() - t0
+    keep_logs(setup, f"race-{c.name}", run_dir)
+    if setup.logs is not None and clock.is_file():
+        shutil.copyfile(clock, setup.logs / clock.name)
+    read_race(run, c, setup, run_dir, clock)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    if timed_out:
+        run.note = f"stopped by the budget after {run.run_s:.0f} s"
+    elif returncode != 0:
+        run.note = outcome_note(Row(c.name), False, returncode, out_file.read_text(errors="replace"), 0, 0)
+    print(f"race {c.name}: {fmt(run.tokens_per_s, '.0f')} tokens/s, {len(run.curve)} evaluations, final val loss "
+          f"{fmt(run.curve[-1][1] if run.curve else None, '.4f')}, {run.run_s:.0f} s {run.note}", flush=True)
+    return run
+
+
+def read_race(run: RaceRun, c: Contestant, setup: Setup, run_dir: Path, clock: Path) -> None:
+    """Fill `run` from metrics.jsonl (steps, val losses), the clock file and Composer's file log."""
+    metrics = run_dir / "metrics.jsonl"
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.is_file() else []
+    by_batch = {r["batch"]: r for r in rows}
+    run.batches = max(by_batch, default=0)
+    run.tokens = by_batch[run.batches]["tokens"] if run.batches else 0
+    run.first_batch_s = by_batch[1]["time_s"] if 1 in by_batch else None
+    run.tokens_per_s, _ = step_timing(rows, warmup=RACE_STEP_WARMUP["smoke" if setup.smoke else "gpu"],
+                                      last_step=run.batches)
+    if run.tokens_per_s is not None:
+        run.step_ms = 1000 * setup.batch * setup.block_size / run.tokens_per_s
+    marks = [json.loads(line) for line in clock.read_text().splitlines() if line.strip()] if clock.is_file() else []
+    run.curve = sorted({m["batch"]: (m["train_s"], m["val_loss"]) for m in marks if "val_loss" in m}.values())
+    timings = [ms for m in marks for ms in m.get("optimizer_ms", [])]
+    run.optimizer_ms = statistics.median(timings) if timings else None
+    logs = sorted((run_dir / "logs").glob("*-rank0.txt"))
+    run.peak_gb = read_file_log(logs[-1].read_text())[0] if logs else None
+    config = run_dir / "config.json"
+    info = json.loads(config.read_text()) if config.is_file() else {}
+    gpu = info.get("gpu")
+    if info:
+        run.versions = (f"torch {info.get('torch')}, composer {info.get('composer')}, commit "
+                        f"{(info.get('git_commit') or 'unknown')[:12]}")
+    peak = peak_tflops(gpu) if gpu else None
+    if run.tokens_per_s is not None:
+        flops = flops_per_token(setup.extra, setup.block_size, c.presets)
+        run.mfu = (f"{100 * run.tokens_per_s * flops / (peak * 1e12):.1f}%" if peak
+                   else "n/a" if gpu else "n/a (CPU)")
+
+
+def reaches(curve: list[tuple[float, float]], target: float) -> Optional[float]:
+    """The first second at which `curve` (seconds, loss) is at or below `target`, linear between evaluations."""
+    for i, (s, loss) in enumerate(curve):
+        if loss <= target:
+            if i == 0:
+                return s
+            s0, l0 = curve[i - 1]
+            return s0 + (s - s0) * (l0 - target) / (l0 - loss)
+    return None
+
+
+def loss_at(curve: list[tuple[float, float]], second: float) -> Optional[float]:
+    """The val loss at `second`, linear between evaluations; None outside the curve."""
+    for (s0, l0), (s1, l1) in zip(curve, curve[1:]):
+        if s0 <= second <= s1:
+            return l0 if s1 == s0 else l0 + (l1 - l0) * (second - s0) / (s1 - s0)
+    return curve[0][1] if curve and curve[0][0] == second else None
+
+
+def race_seconds(args: argparse.Namespace, left: float, n: int) -> float:
+    """Each contestant's seconds: --race-s, or less when the budget left cannot pay n of them and their overheads."""
+    kind = "smoke" if args.smoke else "gpu"
+    want = args.race_s if args.race_s is not None else RACE_S[kind]
+    return min(want, (left - n * RACE_OVERHEAD_S[kind]) / max(n, 1))
+
+
+def run_race(table: "Table", setup: Setup, args: argparse.Namespace, precision: str, t_start: float) -> None:
+    """The race's text, then each contestant for the same seconds; both tables rewritten after each."""
+    here, table.race_notes = contestants()
+    kind = "smoke" if setup.smoke else "gpu"
+    t_text = time.monotonic()
+    tokens = args.race_tokens or RACE_TOKENS[kind]
+    setup.data_dir = write_race_text(setup.work / "race", tokens, workers=min(os.cpu_count() or 1, 16),
+                                     val_fraction=RACE_VAL[kind])
+    splits = json.loads((setup.data_dir / "meta.json").read_text())["splits"]
+    if "val" not in splits:
+        raise UserError(f"the race's text has no val split ({splits['train']['documents']} documents): give it more "
+                        "with --race-tokens")
+    table.race_train_tokens = splits["train"]["tokens"]
+    table.race_text = (f"The text: {splits['train']['tokens']:,} train and {splits['val']['tokens']:,} "
+                       f"val tokens (whole files) of this machine's Python sources, GPT-2 BPE (prepare_data.py, "
+                       f"{time.monotonic() - t_text:.0f} s). Every contestant: {setup.batch} x {setup.block_size} "
+                       f"tokens a step, microbatch {setup.microbatch}, {RACE_WARMUP[kind]} batches of warmup, then "
+                       f"its recipe's peak rates (the cosine's horizon, {RACE_HORIZON:,} batches, is far off); val "
+                       f"loss every {RACE_EVAL[kind][0]} batches on the same {RACE_EVAL[kind][1]} x 16 sequences.")
+    left = args.budget_s - (time.monotonic() - t_start)
+    seconds = race_seconds(args, left, len(here))
+    if seconds < MIN_RACE_S[kind]:
+        table.race_notes.append(f"race skipped: {max(seconds, 0):.0f} s of training each (--race-s, or what "
+                                f"{max(left, 0):.0f} s left of --budget-s {args.budget_s:.0f} pays after "
+                                f"{len(here)} overheads of ~{RACE_OVERHEAD_S[kind]:.0f} s) is under "
+                                f"{MIN_RACE_S[kind]:.0f} s")
+        return
+    table.race_s = seconds
+    for i, c in enumerate(here):
+        left = args.budget_s - (time.monotonic() - t_start)
+        share = max(left / (len(here) - i), seconds + RACE_OVERHEAD_S[kind])  # a slow compile stops its own run
+        table.race.append(run_contestant(setup, c, precision, seconds, timeout_s=share))
+        table.save()
+
+
+# ----------------------------------------------------------------------------------------------------------
 # Reading a run: metrics.jsonl, Composer's file log, config.json
 
 def peak_tflops(device_name: str) -> Optional[float]:
@@ -210,15 +448,18 @@ def read_file_log(text: str) -> tuple[Optional[float], Optional[int]]:
     return (max(peaks) if peaks else None), (int(sizes[-1]) if sizes else None)
 
 
-def flops_per_token(extra: list[str], block_size: int, vocab_size: int) -> int:
-    """model.GPT's training FLOPs per token for the bench's model, built on the meta device (no memory, no init)."""
+def flops_per_token(extra: list[str], block_size: int, presets: Sequence[str] = (),
+                    vocab_size: Optional[int] = None) -> int:
+    """model.GPT's training FLOPs per token for the bench's model (config/pile.py, then `presets`), built on the meta
+    device (no memory, no init)."""
     import torch
 
     from model import GPT
     from pilegpt.train.config_load import load_config
 
-    cfg = load_config([str(PILE), f"--block_size={block_size}", f"--vocab_size={vocab_size}", "--data_dir=.",
-                       *[a for a in extra if a.split("=")[0] in ("--n_layer", "--n_head", "--n_embd")]])
+    vocab = [f"--vocab_size={vocab_size}"] if vocab_size else []
+    cfg = load_config([str(PILE), *[str(REPO / "config" / p) for p in presets], f"--block_size={block_size}", *vocab,
+                       "--data_dir=.", *[a for a in extra if a.split("=")[0] in ("--n_layer", "--n_head", "--n_embd")]])
     with torch.device("meta"):
         return GPT(cfg.model_config()).flops_per_token()
 
@@ -270,9 +511,7 @@ def run_variant(setup: Setup, v: Variant, precision: str, timeout_s: float) -> R
     microbatch = "auto" if v.auto_microbatch else str(setup.microbatch)
     row = Row(v.name, compile="yes" if v.compile else "no", vocab=str(v.vocab_size), microbatch=microbatch)
     cmd = [sys.executable, str(REPO / "train.py"), *variant_settings(setup, v, precision)]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    if setup.smoke:
-        env.setdefault("OMP_NUM_THREADS", "1")  # a tiny model on a shared CPU: one thread is fastest and steadiest
+    env = train_env(setup)
     print(f"{v.name}: {' '.join(cmd[1:])}", flush=True)
     out_file = (setup.logs or setup.work) / f"{v.name}.out.txt"  # a file, not a pipe: nothing to wait on if killed
     out_file.parent.mkdir(parents=True, exist_ok=True)
@@ -287,6 +526,15 @@ def run_variant(setup: Setup, v: Variant, precision: str, timeout_s: float) -> R
     print(f"{v.name}: {fmt(row.tokens_per_s, '.0f')} tokens/s, MFU {row.mfu or 'n/a'}, peak "
           f"{fmt(row.peak_gb, '.1f')} GB, {row.run_s:.0f} s; {row.note}", flush=True)
     return row
+
+
+def train_env(setup: Setup) -> dict:
+    """train.py's environment: unbuffered output, bench/ on PYTHONPATH (race_clock.py), one thread for --smoke."""
+    path = os.pathsep.join(p for p in (str(REPO / "bench"), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
+    if setup.smoke:
+        env.setdefault("OMP_NUM_THREADS", "1")  # a tiny model on a shared CPU: one thread is fastest and steadiest
+    return env
 
 
 def run_with_timeout(cmd: list[str], cwd: Path, env: dict, out_file: Path, timeout_s: float) -> tuple[int, bool]:
@@ -355,7 +603,7 @@ def mfu_text(row: Row, v: Variant, setup: Setup, composer_mfu: Optional[float]) 
         return "n/a (CPU)"
     peak = peak_tflops(row.gpu)
     if peak is not None:
-        flops = flops_per_token(setup.extra, setup.block_size, v.vocab_size)
+        flops = flops_per_token(setup.extra, setup.block_size, [v.preset] if v.preset else [], v.vocab_size)
         return f"{100 * row.tokens_per_s * flops / (peak * 1e12):.1f}%"
     return f"{100 * composer_mfu:.1f}% (Composer)" if composer_mfu else "n/a"
 
@@ -420,16 +668,64 @@ def fmt(value: Optional[float], spec: str) -> str:
     return "–" if value is None else format(value, spec)
 
 
-def render(rows: list[Row], header: list[str], recommendation: str = "") -> str:
+def markdown_table(columns: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns),
+            *["| " + " | ".join(c.replace("|", "/") for c in cells) + " |" for cells in rows]]
+
+
+def render_step(runs: list[RaceRun]) -> list[str]:
+    """The first table: each contestant's compiled step, from its race run."""
+    base = next((r.tokens_per_s for r in runs if r.name == "gpt2"), None)
+    rows = []
+    for r in runs:
+        share = f"{100 * r.optimizer_ms / r.step_ms:.1f}%" if r.optimizer_ms and r.step_ms else None
+        rows.append([r.name, r.config, "yes" if r.compiled else "no (--smoke)", fmt(r.tokens_per_s, ",.0f"),
+                     f"{r.tokens_per_s / base:.2f}x" if r.tokens_per_s and base else "–", r.mfu or "–",
+                     fmt(r.peak_gb, ".1f"), fmt(r.first_batch_s, ".1f"), fmt(r.step_ms, ".1f"),
+                     fmt(r.optimizer_ms, ".1f"), share or "–", r.note or "–"])
+    return markdown_table(["recipe", "config", "compiled", "tokens/s", "vs gpt2", "MFU", "peak GB", "1st batch s",
+                           "step ms", "optimizer ms", "optimizer share", "note"], rows)
+
+
+def render_race(runs: list[RaceRun], seconds: float, train_tokens: int) -> list[str]:
+    """The race's table: val loss at a quarter, half, three quarters and all of the seconds, and when each
+    contestant reached GPT-2's final val loss."""
+    marks = [seconds * f for f in (0.25, 0.5, 0.75)]
+    gpt2 = next((r for r in runs if r.name == "gpt2" and r.curve), None)
+    target = gpt2.curve[-1][1] if gpt2 else None
+    base_s = reaches(gpt2.curve, target) if gpt2 else None
+    rows = []
+    for r in runs:
+        at = reaches(r.curve, target) if target is not None else None
+        rows.append([r.name, *[fmt(loss_at(r.curve, m), ".4f") for m in marks],
+                     fmt(r.curve[-1][1] if r.curve else None, ".4f"), fmt(r.curve[-1][0] if r.curve else None, ".0f"),
+                     str(r.batches), f"{r.tokens / train_tokens:.2f}" if train_tokens else "–",
+                     "not reached" if target is not None and at is None else fmt(at, ".0f"),
+                     f"{at / base_s:.2f}x" if at is not None and base_s else "–"])
+    return markdown_table(["recipe", *[f"val @{round(m, 1):g} s" for m in marks], "final val", "at s", "batches",
+                           "epochs of text", f"s to gpt2's final {fmt(target, '.4f')}", "vs gpt2"], rows)
+
+
+def render(rows: list[Row], header: list[str], recommendation: str = "", race: Optional["Table"] = None) -> str:
+    lines = list(header)
+    if race is not None and (race.race or race.race_notes):
+        lines += ["", "## The compiled step (from each race run)", "", *render_step(race.race), "",
+                  f"## The race: val loss against training seconds ({race.race_s:.0f} s each after batch 1)", "",
+                  race.race_text, ""]
+        lines += render_race(race.race, race.race_s, race.race_train_tokens) if race.race else []
+        lines += ["", *[f"- {n}" for n in race.race_notes]] if race.race_notes else []
+    if not rows:
+        return "\n".join(lines) + "\n"
     base = next((r.tokens_per_s for r in rows if r.name == BASELINE), None)
     columns = ["variant", "compile", "vocab", "microbatch", "tokens/s", f"vs {BASELINE}", "samples/s", "MFU",
                "peak GB", "1st batch s", "run s", "note"]
-    lines = [*header, "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["", "## More rows (--variants, --loader-workers)", "", "| " + " | ".join(columns) + " |",
+              "|" + "---|" * len(columns)]
     for r in rows:
         ratio = f"{r.tokens_per_s / base:.2f}x" if r.tokens_per_s is not None and base else "–"
-        cells = [r.name, r.compile or "–", r.vocab or "–", r.microbatch or "–", fmt(r.tokens_per_s, ",.0f"), ratio,
-                 fmt(r.samples_per_s, ",.1f"), r.mfu or "–", fmt(r.peak_gb, ".1f"), fmt(r.first_batch_s, ".1f"),
-                 fmt(r.run_s, ".0f"), r.note.replace("|", "/")]
+        cells = [r.name, r.compile or "–", r.vocab or "–", r.microbatch or "–", fmt(r.tokens_per_s, ",.0f"),
+                 ratio, fmt(r.samples_per_s, ",.1f"), r.mfu or "–", fmt(r.peak_gb, ".1f"),
+                 fmt(r.first_batch_s, ".1f"), fmt(r.run_s, ".0f"), r.note.replace("|", "/")]
         lines.append("| " + " | ".join(cells) + " |")
     if recommendation:
         lines += ["", recommendation]
@@ -503,13 +799,18 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, help="first steps not timed (default 10; smoke 3)")
     p.add_argument("--batch", type=int, help="sequences per step (default: config/pile.py's global_batch_size / "
                                              f"{PILE_GPUS} GPUs = 60; smoke 8)")
-    p.add_argument("--budget-s", type=float, default=420.0,
-                   help="seconds for the data and the variants, from the start (default 420); later rows are skipped")
+    p.add_argument("--budget-s", type=float, default=480.0,
+                   help="seconds for everything from the start (default 480): the race's seconds shrink to fit it, "
+                        "later rows are skipped")
+    p.add_argument("--race-s", type=float, help="training seconds of each race contestant after compiling (default "
+                                                f"{RACE_S['gpu']:.0f}; smoke {RACE_S['smoke']:.0f}); 0: no race")
+    p.add_argument("--race-tokens", type=int, help="train tokens of the race's text (default "
+                                                   f"{RACE_TOKENS['gpu']:,}; smoke {RACE_TOKENS['smoke']:,})")
+    p.add_argument("--variants", nargs="+", default=[], choices=[v.name for v in VARIANTS], metavar="VARIANT",
+                   help=f"after the race, these rows on random ids while the budget lasts: "
+                        f"{', '.join(v.name for v in VARIANTS)}")
     p.add_argument("--loader-batches", type=int, default=50, help="batches per loader row (default 50)")
-    p.add_argument("--loader-workers", help="comma-separated num_workers of the loader rows (default: pile.py's, "
-                                            "2 and 0)")
-    p.add_argument("--only", nargs="+", choices=[v.name for v in VARIANTS], metavar="VARIANT",
-                   help=f"run only these variants: {', '.join(v.name for v in VARIANTS)}")
+    p.add_argument("--loader-workers", help="comma-separated num_workers of loader rows, e.g. 8,2,0 (default: none)")
     return p.parse_args(argv)
 
 
@@ -536,9 +837,15 @@ def make_plan(args: argparse.Namespace, pile: dict) -> Plan:
         raise UserError(f"need 1 <= --warmup < --steps - 1 (the last step is not timed), got {warmup} and {steps}")
     if batch % microbatch:
         raise UserError(f"--batch {batch} must be a multiple of the fixed microbatch {microbatch}")
+    if not math.isfinite(args.budget_s) or args.budget_s <= 0:
+        raise UserError(f"--budget-s takes seconds > 0, got {args.budget_s}")
+    if args.race_s is not None and (not math.isfinite(args.race_s) or args.race_s < 0):
+        raise UserError(f"--race-s takes seconds >= 0 (0: no race), got {args.race_s}")
+    if args.race_tokens is not None and args.race_tokens < 100 * block_size:
+        raise UserError(f"--race-tokens takes at least 100 x block_size = {100 * block_size} tokens, got "
+                        f"{args.race_tokens}")
     try:
-        workers = ([int(w) for w in args.loader_workers.split(",")] if args.loader_workers
-                   else [2, 0] if smoke else sorted({pile["num_workers"], 2, 0}, reverse=True))
+        workers = [int(w) for w in args.loader_workers.split(",")] if args.loader_workers is not None else []
     except ValueError:
         workers = [-1]
     if any(w < 0 for w in workers):
@@ -561,10 +868,9 @@ def make_header(smoke: bool, gpu: Optional[str], precision: str, plan: Plan) -> 
     peak = peak_tflops(gpu) if gpu else None
     device = (f"{gpu} ({f'{peak:.0f} TFLOPs bf16 dense' if peak else 'not in PEAK_BF16_TFLOPS: MFU from Composer'})"
               if gpu else f"CPU ({os.cpu_count()} cores), model {' '.join(SMOKE_MODEL)}")
-    return [f"# bench/bench_gpu.py{' --smoke' if smoke else ''}: config/pile.py on one device", "",
-            f"{device}; {precision}; {plan.batch} x {plan.block_size} tokens per step, microbatch {plan.microbatch} "
-            f"or auto; {plan.steps} steps per variant, median step of {plan.warmup + 1}-{plan.steps - 1}; random "
-            f"token ids through to_mds.py (zstd); {time.strftime('%Y-%m-%d %H:%M')}"]
+    return [f"# bench/bench_gpu.py{' --smoke' if smoke else ''}: GPT-2 124M and the presets on one device", "",
+            f"{device}; {precision}; {plan.batch} x {plan.block_size} tokens per step (config/pile.py's per-GPU "
+            f"share), microbatch {plan.microbatch}; {time.strftime('%Y-%m-%d %H:%M')}"]
 
 
 @dataclass
@@ -574,8 +880,14 @@ class Table:
     out: Optional[Path]
     rows: list[Row] = field(default_factory=list)
 
+    race: list[RaceRun] = field(default_factory=list)
+    race_notes: list[str] = field(default_factory=list)
+    race_s: float = 0.0
+    race_text: str = ""
+    race_train_tokens: int = 0
+
     def save(self, recommendation: str = "") -> str:
-        text = render(self.rows, self.header, recommendation)
+        text = render(self.rows, self.header, recommendation, race=self)
         if self.out:
             self.out.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_text(self.out, text)
@@ -608,25 +920,28 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     pile = read_config_file(str(PILE))
     plan = make_plan(args, pile)
     gpu, precision, extra = pick_device(args.smoke)
-    variants = [v for v in VARIANTS if not args.only or v.name in args.only]
+    variants = [v for v in VARIANTS if v.name in args.variants]
     logs = args.out.parent / f"{args.out.stem}_logs" if args.out else None
     table = Table(make_header(args.smoke, gpu, precision, plan), args.out)
     table.save()
     with tempfile.TemporaryDirectory(prefix="bench_gpu_", ignore_cleanup_errors=True) as tmp:
         work = Path(tmp)
-        # 5/4: room for Streaming's split of the samples over the loader's workers
-        n_train = (max(plan.steps, args.loader_batches) + 4) * plan.batch * 5 // 4
-        data_dir = write_data(work, n_train, n_val=4 * plan.batch, block_size=plan.block_size)
-        setup = Setup(data_dir, work, logs, plan.block_size, plan.batch, plan.microbatch, plan.steps, plan.warmup,
+        setup = Setup(work, work, logs, plan.block_size, plan.batch, plan.microbatch, plan.steps, plan.warmup,
                       args.smoke, extra)
-        run_training_rows(table, setup, variants, precision, args.budget_s, t_start)
-        versions = next((r.versions for r in table.rows if r.versions), "")
+        if args.race_s != 0:
+            run_race(table, setup, args, precision, t_start)
+        if variants or plan.workers:
+            # 5/4: room for Streaming's split of the samples over the loader's workers
+            n_train = (max(plan.steps, args.loader_batches) + 4) * plan.batch * 5 // 4
+            setup.data_dir = write_data(work / "variants", n_train, n_val=4 * plan.batch, block_size=plan.block_size)
+            run_training_rows(table, setup, variants, precision, args.budget_s, t_start)
+            for w in plan.workers:
+                table.rows.append(bench_loader(replace(setup), w, args.loader_batches))
+                table.save()
+        versions = next((r.versions for r in [*table.race, *table.rows] if r.versions), "")
         table.header[2] += f"; {versions}" if versions else ""
-        for w in plan.workers:
-            table.rows.append(bench_loader(replace(setup), w, args.loader_batches))
-            table.save()
-    recommendation = recommend(table.rows, pile)
-    if args.smoke:
+    recommendation = recommend(table.rows, pile) if table.rows else ""
+    if args.smoke and recommendation:
         recommendation += " (A --smoke run on CPU: a check that the bench works, not a basis for defaults.)"
     print(table.save(recommendation), flush=True)
     if args.out:

@@ -46,7 +46,9 @@ hellaswag_examples = -1
 sample_prompt = "The meaning of life is"
 
 precision = "auto"  # amp_bf16 on GPU
-compile = False  # True: torch.compile, 1.34x on one H200 after ~30 s of compiling (not yet run on several GPUs)
+# torch.compile on a GPU (1.34x on one H200 after ~30 s of compiling, docs/performance.md#on-a-gpu; not yet run on
+# several GPUs), eager on CPU; --compile=False turns it off, --compile=True on everywhere
+compile = "auto"
 # Composer algorithms and callbacks by name (docs/extending.md), e.g.
 #   algorithms = {"ema": {"half_life": "1000ba"}}
 

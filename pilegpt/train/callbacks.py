@@ -289,8 +289,10 @@ class MetricsLog(LoggerDestination):
             "core/score": "core"}  # CoreEval
     EVAL_METRICS = {"LanguageCrossEntropy": "loss", "LanguagePerplexity": "ppl", "BitsPerByte": "bpb"}  # per set
 
-    def __init__(self, path: str, log_interval: int, print_steps: bool, remote_name: Optional[str] = None):
+    def __init__(self, path: str, log_interval: int, print_steps: bool, remote_name: Optional[str] = None,
+                 compiled: bool = False):
         self.path, self.log_interval, self.print_steps = path, log_interval, print_steps
+        self.compiled = compiled  # say what compiling cost, at the first batch this process trains
         self.remote_name = remote_name  # object key to upload the file to at the end (S3 save_folder)
         self.row: dict[str, Any] = {}
         self.last_eval: dict[str, float] = {}  # the latest figure of each eval set (val_loss, owt_bpb, ...)
@@ -325,6 +327,9 @@ class MetricsLog(LoggerDestination):
         with open(self.path, "ab") as f:
             if self.first_write and f.tell() and not ends_with_newline(self.path):  # a line cut by a kill
                 f.write(b"\n")  # stays apart from this run's rows; each row after it ends with one itself
+            if self.first_write and self.compiled:
+                print(f"compile: batch {batch} ended {row['time_s']:.1f} s after the Trainer's set-up began, "
+                      "torch.compile's first graphs included (--compile=False trains eager)", flush=True)
             self.first_write = False
             f.write(json.dumps(row).encode() + b"\n")
         if self.print_steps and (batch % self.log_interval == 0 or batch == 1) and "loss" in row:

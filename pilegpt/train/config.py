@@ -142,7 +142,7 @@ class TrainConfig:
     # system
     device: str = "auto"  # "auto" (GPU when CUDA is available), "gpu" or "cpu"
     precision: str = "auto"  # "auto" (amp_bf16 on GPU, fp32 on CPU), "fp32", "amp_bf16", "amp_fp16"
-    compile: bool = False  # torch.compile the model
+    compile: Union[bool, str] = False  # torch.compile the model; "auto": on a GPU only (config/pile*.py)
     fsdp: bool = False  # shard parameters, gradients and optimizer state over GPUs (FSDP FULL_SHARD)
     seed: int = 1337  # seeds model init, data order and dropout
     cpu_malloc_tune: bool = True  # on CPU with glibc: keep big freed blocks for reuse (fewer page faults)
@@ -390,6 +390,8 @@ class TrainConfig:
             errors.append(f"device must be 'auto', 'gpu' or 'cpu', got {self.device!r}")
         if self.precision not in ("auto", "fp32", "amp_bf16", "amp_fp16"):
             errors.append(f"precision must be 'auto', 'fp32', 'amp_bf16' or 'amp_fp16', got {self.precision!r}")
+        if isinstance(self.compile, str) and self.compile != "auto":
+            errors.append(f"compile must be True, False or 'auto' (on a GPU only), got {self.compile!r}")
         return errors
 
     def _check_save(self) -> list[str]:

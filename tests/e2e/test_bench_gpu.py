@@ -1,5 +1,6 @@
-"""bench/bench_gpu.py: its --smoke run on CPU (main() in this process; each variant a train.py process, as on a GPU)
-writes its rows, and every variant's train.py settings are ones train.py takes, so the GPU script cannot rot. The
+"""bench/bench_gpu.py: its --smoke run on CPU (main() in this process; each race contestant and variant a train.py
+process, as on a GPU) writes its tables, and every run's train.py settings are ones train.py takes, so the GPU
+script cannot rot. The
 pieces only a GPU run exercises: tests/unit/test_bench_gpu.py."""
 
 import train
@@ -10,30 +11,49 @@ SCRIPT = REPO / "bench" / "bench_gpu.py"
 bench = load_module(SCRIPT, "bench_gpu")
 
 
-RUN = ("eager-50257-fixed", "eager-50304-modern", "compile-50304-fixed")  # the baseline, a preset file, a GPU row
+VARIANTS = ("eager-50257-fixed", "compile-50304-fixed")  # the baseline (a process), a GPU row (skipped on CPU)
 
 
-def test_smoke_run_has_its_variants_and_loader_rows(tmp_path, one_torch_thread):
+def test_smoke_run_has_its_race_step_rows_and_variant_rows(tmp_path, one_torch_thread):
     out = tmp_path / "x.md"
-    # in this process; each variant is its own train.py process (two run on CPU: the others differ from them only
-    # in values, which test_every_variants_settings_are_ones_train_py_takes checks)
-    assert bench.main(["--smoke", "--out", str(out), "--only", *RUN]) == 0
+    # in this process; each race contestant and variant is its own train.py process, as on a GPU (the variants'
+    # settings differ only in values: test_every_variants_settings_are_ones_train_py_takes)
+    assert bench.main(["--smoke", "--out", str(out), "--variants", *VARIANTS, "--loader-workers", "0"]) == 0
     text = out.read_text()
-    rows = table_rows(text)
-    for v in bench.VARIANTS:
-        if v.name not in RUN:
-            assert v.name not in rows
-        elif v.gpu_only:
-            assert rows[v.name]["note"] == "skipped: GPU only (--smoke)"
-        else:
-            assert number(rows[v.name]["tokens/s"]) > 0, rows[v.name]
-    assert rows[bench.BASELINE][f"vs {bench.BASELINE}"] == "1.00x"
-    for workers in (2, 0):
-        assert number(rows[f"loader, {workers} workers"]["samples/s"]) > 0
-    assert "Recommended for config/pile.py, from this run: " in text and "num_workers=" in text
-    # every run's output, metrics and Composer log are kept beside the table
-    assert (tmp_path / "x_logs" / f"{bench.BASELINE}.out.txt").is_file()
-    assert (tmp_path / "x_logs" / f"{bench.BASELINE}.metrics.jsonl").is_file()
+    here, _ = bench.contestants()
+    step, race, rows = (table_rows(part) for part in text.split("\n## ")[1:4])
+    assert list(step) == list(race) == [c.name for c in here]
+    for c in here:
+        assert number(step[c.name]["tokens/s"]) > 0 and number(step[c.name]["optimizer ms"]) > 0, step[c.name]
+        assert 0 < number(step[c.name]["optimizer share"].rstrip("%")) < 100
+        assert int(race[c.name]["batches"]) >= bench.RACE_CLOCK["smoke"]["min_batches"]
+        assert 0 < number(race[c.name]["final val"]) < 11.5  # ln(50304) = 10.8 at the start
+    assert step["modern"]["config"] == "pile.py + modern.py"
+    assert race["gpt2"]["vs gpt2"] == "1.00x"  # its own final loss, at its own last evaluation
+    assert "Python sources" in text
+    assert rows[bench.BASELINE][f"vs {bench.BASELINE}"] == "1.00x" and number(rows[bench.BASELINE]["tokens/s"]) > 0
+    assert rows["compile-50304-fixed"]["note"] == "skipped: GPU only (--smoke)"
+    assert number(rows["loader, 0 workers"]["samples/s"]) > 0
+    assert "Recommended for config/pile.py, from this run: " in text
+    # every run's output, metrics, race clock and Composer log are kept beside the table
+    for name in (f"{bench.BASELINE}.out.txt", f"{bench.BASELINE}.metrics.jsonl", "race-modern.clock.jsonl",
+                 "race-gpt2.metrics.jsonl", "race-gpt2.out.txt"):
+        assert (tmp_path / "x_logs" / name).is_file(), name
+
+
+def test_race_settings_are_ones_train_py_takes_and_the_same_for_all(tmp_path):
+    setup = bench.Setup(tmp_path / "data", tmp_path, None, 1024, 60, 12, 30, 10, False, [])
+    race = {}
+    for c in bench.CONTESTANTS:
+        if not all((REPO / "config" / p).is_file() for p in c.presets):
+            continue
+        cfg, _ = train.read_config(bench.race_settings(setup, c, "amp_bf16", 75.0, tmp_path / "clock"))
+        race[c.name] = cfg
+        assert (cfg.compile, cfg.precision, cfg.max_duration, cfg.warmup) == (True, "amp_bf16", "100000ba", "50ba")
+        assert (cfg.global_batch_size, cfg.device_train_microbatch_size, cfg.block_size) == (60, 12, 1024)
+        assert cfg.callbacks["race_clock:RaceClock"]["seconds"] == 75.0
+    assert race["gpt2"].optimizer == "adamw" and race["modern"].optimizer == "muon"
+    assert (race["modern"].n_layer, race["modern"].n_embd) == (12, 768)  # 124M, as gpt2
 
 
 def test_every_variants_settings_are_ones_train_py_takes(tmp_path):
@@ -50,11 +70,11 @@ def test_every_variants_settings_are_ones_train_py_takes(tmp_path):
 
 
 def table_rows(markdown: str) -> dict[str, dict[str, str]]:
-    """The markdown table's rows by their first cell, each as {column: cell}."""
+    """The first markdown table's rows by their first cell, each as {column: cell}."""
     lines = [ln for ln in markdown.splitlines() if ln.startswith("| ")]
     columns = [c.strip() for c in lines[0].strip("|").split("|")]
     rows = [dict(zip(columns, (c.strip() for c in ln.strip("|").split("|")))) for ln in lines[1:]]
-    return {r["variant"]: r for r in rows}
+    return {r[columns[0]]: r for r in rows}
 
 
 def number(cell: str) -> float:

@@ -37,3 +37,53 @@ def test_step_timing_leaves_out_warmup_and_last_step():
                                           ("NVIDIA L4", 121), ("NVIDIA L40S", 362), ("Tesla T4", None)])
 def test_mfu_peak_is_found_by_device_name(name, tflops):
     assert bench.peak_tflops(name) == tflops
+
+
+def test_race_curve_is_read_between_evaluations():
+    curve = [(10.0, 6.0), (20.0, 5.0), (30.0, 4.0)]
+    assert bench.reaches(curve, 5.5) == 15.0  # halfway from 6.0 at 10 s to 5.0 at 20 s
+    assert bench.reaches(curve, 6.5) == 10.0  # already below at the first evaluation
+    assert bench.reaches(curve, 4.0) == 30.0
+    assert bench.reaches(curve, 3.9) is None  # never reached
+    assert bench.loss_at(curve, 25.0) == 4.5
+    assert bench.loss_at(curve, 10.0) == 6.0
+    assert bench.loss_at(curve, 5.0) is None and bench.loss_at(curve, 31.0) is None and bench.loss_at([], 1.0) is None
+
+
+def test_race_seconds_shrink_alike_to_fit_the_budget():
+    args = bench.parse_args(["--race-s", "100"])
+    assert bench.race_seconds(args, left=3 * (100 + bench.RACE_OVERHEAD_S["gpu"]) + 30, n=3) == 100
+    # 150 s short: each contestant gets 50 s less, the same for all
+    assert bench.race_seconds(args, left=3 * (100 + bench.RACE_OVERHEAD_S["gpu"]) - 150, n=3) == 50
+    assert bench.race_seconds(bench.parse_args([]), left=1e9, n=2) == bench.RACE_S["gpu"]
+
+
+@pytest.mark.parametrize("flags, message", [(["--race-s", "nan"], "--race-s takes seconds >= 0"),
+                                            (["--race-s", "-1"], "--race-s takes seconds >= 0"),
+                                            (["--budget-s", "inf"], "--budget-s takes seconds > 0"),
+                                            (["--budget-s", "0"], "--budget-s takes seconds > 0"),
+                                            (["--race-tokens", "10"], "--race-tokens takes at least"),
+                                            (["--loader-workers", "2,x"], "--loader-workers takes counts")])
+def test_bad_bench_flags_are_one_line_errors(flags, message):
+    from pilegpt.common import UserError
+    from pilegpt.train.config_load import read_config_file
+
+    with pytest.raises(UserError, match=message):
+        bench.make_plan(bench.parse_args(["--smoke", *flags]), read_config_file(str(REPO / "config" / "pile.py")))
+
+
+def test_race_has_nanochat_when_its_config_exists():
+    here, notes = bench.contestants()
+    names = [c.name for c in here]
+    assert names[:2] == ["gpt2", "modern"]
+    if (REPO / "config" / "nanochat.py").is_file():
+        assert names == ["gpt2", "modern", "nanochat"] and notes == []
+    else:
+        assert names == ["gpt2", "modern"]
+        assert notes == ["nanochat: skipped, config/nanochat.py is not in this checkout"]
+
+
+def test_race_text_is_python_sources_not_random_ids():
+    sources = bench.python_sources()
+    assert len(sources) > 100 and all(p.suffix == ".py" for p in sources[:100])
+    assert any(p.name == "os.py" for p in sources)  # the standard library's own

@@ -2,6 +2,7 @@
 per-batch NaN check, and the clear errors before any training. Its runs: tests/e2e/test_train.py."""
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -9,12 +10,14 @@ import torch
 
 import train
 from helpers import (
+    REPO,
     SMALL,
     write_bin,
 )
 from pilegpt.common import UserError
 from pilegpt.train.data.bin_reader import BinDataset, resumable_sampler
 from pilegpt.train.data.loaders import collate_mds
+from pilegpt.train.run import lifecycle
 
 
 def test_bin_dataset_windows_do_not_overlap_and_y_is_x_shifted(tmp_path):
@@ -89,3 +92,49 @@ def test_the_per_batch_nan_check_reads_the_logged_loss_and_checks_weights_only_b
     state.total_loss_dict = {"loss/train/total": math.inf}
     with pytest.raises(UserError, match="the training loss went NaN or infinite at batch 7, so the run stopped"):
         stop.batch_end(state, None)
+
+
+@pytest.mark.parametrize("setting, device, used", [("auto", "gpu", True), ("auto", "cpu", False), (True, "cpu", True),
+                                                   (False, "gpu", False), (True, "gpu", True)])
+def test_compile_auto_is_on_for_a_gpu_and_off_on_cpu(setting, device, used, tmp_path):
+    from pilegpt.train.config_load import load_config
+
+    cfg = load_config([str(REPO / "config" / "pile.py"), f"--data_dir={tmp_path}", f"--compile={setting}"])
+    assert train.resolve_compile(cfg, device).compile is used
+    # the GPU presets ship "auto"; config/modern.py on top keeps it; the CPU presets stay eager
+    assert load_config([str(REPO / "config" / "pile.py"), str(REPO / "config" / "modern.py"),
+                        f"--data_dir={tmp_path}"]).compile == "auto"
+    assert load_config([str(REPO / "config" / "quickstart.py"), f"--data_dir={tmp_path}"]).compile is False
+
+
+@pytest.mark.parametrize("value", ["yes", "", "on"])
+def test_compile_takes_true_false_or_auto(value, tmp_path):
+    from pilegpt.train.config_load import load_config
+
+    with pytest.raises(UserError, match=r"compile must be True, False or 'auto'"):
+        load_config([f"--data_dir={tmp_path}", f"--compile={value}"])
+
+
+def test_a_failed_compile_is_one_line_that_names_compile_false(tmp_path):
+    from torch._dynamo.exc import InternalTorchDynamoError
+
+    class Trainer:
+        def __init__(self, error):
+            self.error = error
+
+        def fit(self):
+            raise self.error
+
+    folder = SimpleNamespace(remote=None, save_folder=str(tmp_path), run_dir=str(tmp_path))
+    inner = InternalTorchDynamoError("graph break in a custom op\nlong traceback")
+    with pytest.raises(UserError, match=r"^torch.compile failed \(InternalTorchDynamoError: graph break in a custom op"
+                                        r".*\); train without it: --compile=False$"):
+        lifecycle.fit(Trainer(inner), folder, compiled=True)
+    wrapped = RuntimeError("while training")  # the compiler's error as the cause of another
+    wrapped.__cause__ = inner
+    with pytest.raises(UserError, match="--compile=False"):
+        lifecycle.fit(Trainer(wrapped), folder, compiled=True)
+    with pytest.raises(InternalTorchDynamoError):  # an eager run's error is left as it is
+        lifecycle.fit(Trainer(inner), folder, compiled=False)
+    with pytest.raises(ValueError, match="other"):  # and so is any other error
+        lifecycle.fit(Trainer(ValueError("other")), folder, compiled=True)

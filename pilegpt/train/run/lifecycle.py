@@ -73,7 +73,7 @@ def fit_and_report(trainer: Trainer, out: LoggersAndCallbacks, cfg: TrainConfig,
         if start_batch and world.rank == 0:
             print(f"{cfg.run_name}: resuming from the checkpoint at batch {start_batch} ({start_tokens:,} tokens) "
                   f"in {folder.save_folder}, training to {state.max_duration}", flush=True)
-        fit(trainer, folder)
+        fit(trainer, folder, compiled=cfg.compile is True)
         finish(trainer, out, folder, world)
         if out.preemption.stopped_at is not None:  # SIGTERM: the checkpoint of that batch is written (and uploaded)
             out.preemption.finish()
@@ -127,19 +127,35 @@ def write_run_info(trainer: Trainer, cfg: TrainConfig, folder: RunFolder, world:
     trainer.logger.log_hyperparameters(used_settings(cfg))
 
 
-def fit(trainer: Trainer, folder: RunFolder) -> None:
-    """trainer.fit(); a lost S3 connection, a lost node or a full disk is one line, not a traceback."""
+def fit(trainer: Trainer, folder: RunFolder, compiled: bool = False) -> None:
+    """trainer.fit(); a lost S3 connection, a lost node, a full disk or a failed torch.compile is one line, not a
+    traceback."""
     try:
         trainer.fit()
     except Exception as e:
         if isinstance(e, UserError):
             raise
+        if compiled and (line := compile_failure(e)) is not None:
+            raise UserError(line) from None
         if (full := failed_write(e, folder.run_dir if folder.remote else folder.save_folder)) is not None:
             raise UserError(f"{full}: free space on that disk (or choose another --save_folder), then re-run "
                             "with --autoresume=True: it continues from the last whole checkpoint") from None
         if (line := cluster.lost_peer(e) or lost_connection(e, "to S3 during training")) is None:
             raise
         raise UserError(line) from None
+
+
+def compile_failure(e: BaseException) -> Optional[str]:
+    """One line for an error raised by torch.compile (TorchDynamo or Inductor, also as the cause of another), naming
+    the way around it; None for any other error."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if type(e).__module__.startswith(("torch._dynamo", "torch._inductor")):
+            return (f"torch.compile failed ({type(e).__name__}: {one_line(e)[:300]}); train without it: "
+                    "--compile=False")
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def finish(trainer: Trainer, out: LoggersAndCallbacks, folder: RunFolder, world: World) -> None:
