@@ -259,7 +259,9 @@ def build_model(cfg: TrainConfig, pretrained: Pretrained, folder: RunFolder, wor
     if cfg.model_class:
         return build_custom_model(cfg, world)
     model = ComposerGPT(cfg.model_config(), data_tokenizer(cfg))
-    if cfg.zero_init_proj and source is None:  # (a resumed run's weights come from its checkpoint)
+    if cfg.weight_init == "nanochat" and source is None:  # (a resumed run's weights come from its checkpoint)
+        model.model.nanochat_init()
+    if cfg.zero_init_proj and source is None:
         model.model.zero_output_projections()
     if source is not None:  # weights only: the optimizer and the schedule start fresh
         model.model.load_state_dict(source.state_dict())

@@ -4,6 +4,8 @@ torch.optim.AdamW's exact step. Pure PyTorch; details in docs/training.md."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 from torch.optim.adamw import adamw
@@ -59,6 +61,14 @@ def warmed_momentum(group: dict, state: dict) -> float:
     return MOMENTUM_START + frac * (m - MOMENTUM_START) if m > MOMENTUM_START else m
 
 
+def decayed(group: dict, state: dict) -> float:
+    """The group's weight decay at this parameter's step under wd_cosine (off, or no step count: as set)."""
+    steps, decay = group.get("wd_cosine", 0), group["weight_decay"]
+    if not steps or "step" not in state:
+        return decay
+    return decay * 0.5 * (1 + math.cos(math.pi * min(1.0, (state["step"].item() - 1) / steps)))
+
+
 def neuron_update(update: torch.Tensor, state: dict, beta2: float) -> torch.Tensor:
     """NorMuon's step (Li et al. 2025): each row of the orthogonalised update (an output neuron of nn.Linear's
     (out, in) weight) divided by the root of an EMA (beta2) of its mean square, kept in state["neuron_sq"]; the
@@ -81,14 +91,15 @@ class Muon(torch.optim.Optimizer):
     steps (modded-nanogpt's); cautious_wd: Muon's weight decay only where the update moves the weight towards 0
     as the decay does (sign(update) = sign(weight); Chen et al. 2025, "Cautious Weight Decay"); normuon: the
     orthogonalised update's rows (output neurons) evened out by their second moment (neuron_update); polar_express:
-    orthogonalize's Polar Express coefficients."""
+    orthogonalize's Polar Express coefficients; wd_cosine > 0: Muon's weight decay falls as a cosine from its value
+    to 0 over that many of its steps (nanochat's), then stays 0."""
 
     def __init__(self, params, lr: float = 0.02, momentum: float = 0.95, betas: tuple[float, float] = (0.9, 0.95),
                  eps: float = 1e-8, weight_decay: float = 0.0, fused: bool = True, momentum_warmup: int = 0,
-                 cautious_wd: bool = False, normuon: bool = False, polar_express: bool = False):
+                 cautious_wd: bool = False, normuon: bool = False, polar_express: bool = False, wd_cosine: int = 0):
         defaults = dict(lr=lr, momentum=momentum, betas=betas, eps=eps, weight_decay=weight_decay, muon=False,
                         fused=fused, momentum_warmup=momentum_warmup, cautious_wd=cautious_wd, normuon=normuon,
-                        polar_express=polar_express)
+                        polar_express=polar_express, wd_cosine=wd_cosine)
         super().__init__(params, defaults)
         for group in self.param_groups:
             if group["muon"] and any(p.dim() != 2 for p in group["params"]):
@@ -113,14 +124,14 @@ class Muon(torch.optim.Optimizer):
 
     def _muon_step(self, group: dict) -> None:
         """buf <- m buf + (1 - m) g; the Nesterov direction (1 - m) g + m buf, orthogonalised and scaled."""
-        lr, decay = group["lr"], group["weight_decay"]
+        lr = group["lr"]
         for p, state in self._with_gradients(group):
             if "momentum_buffer" not in state:
                 state["momentum_buffer"] = torch.zeros_like(p)
                 state["step"] = torch.tensor(0.0)  # Muon's steps, for momentum_warmup
             if "step" in state:
                 state["step"] += 1
-            m = warmed_momentum(group, state)
+            m, decay = warmed_momentum(group, state), decayed(group, state)
             buf = state["momentum_buffer"]
             buf.lerp_(p.grad, 1 - m)
             update = orthogonalize(p.grad.lerp(buf, m), polar_express=group.get("polar_express", False))
@@ -162,8 +173,11 @@ def build_muon(model: nn.Module, cfg) -> Muon:
     muon_lr, AdamW (torch's fused kernel, on CPU too) for the rest at cfg.adamw_lr() (embedding_lr and head_lr: the
     parts' own groups, part_rates.py), with the run's Muon options."""
     groups = with_part_rates(muon_groups(model, cfg.weight_decay, cfg.muon_lr, cfg.adamw_lr()), model, cfg)
-    return Muon(groups, betas=(cfg.beta1, cfg.beta2),
-                **{key: getattr(cfg, setting) for setting, (key, _) in MUON_OPTIONS.items()})
+    if cfg.muon_weight_decay is not None:  # AdamW's groups keep weight_decay
+        next(g for g in groups if g.get("muon"))["weight_decay"] = cfg.muon_weight_decay
+    options = {key: getattr(cfg, setting) for setting, (key, _) in MUON_OPTIONS.items()}
+    options["wd_cosine"] = cfg.max_batches() if cfg.muon_wd_cosine else 0
+    return Muon(groups, betas=(cfg.beta1, cfg.beta2), **options)
 
 
 def muon_groups(model: nn.Module, weight_decay: float, muon_lr: float, adamw_lr: float) -> list[dict]:

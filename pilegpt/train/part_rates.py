@@ -1,14 +1,15 @@
 """AdamW's rates for parts of model.py's GPT: embedding_lr for its embedding tables (wte, wpe, the value_embeds
-tables) and head_lr for its untied output head, each in a parameter group of its own, as nanochat gives its
-embedding and unembedding their own rates. With neither set the groups are what they were, so a run's optimizer
-and its checkpoints stay as before.
+tables), head_lr for its untied output head and scalar_lr for the scalars that mix other streams into the residual
+(x0_lambdas, the smear gate and its lambda, backout_lambda; not resid_lambdas), each in a parameter group of its
+own, as nanochat gives these parts rates of their own. With none set the groups are what they were, so a run's
+optimizer and its checkpoints stay as before.
 
     groups = with_part_rates(groups, model, cfg)     # after the optimizer's groups are built, before it is
     peak = part_peak(cfg, group)                     # the group's peak rate (None: not a part's group)
 
 The schedule multiplies every group's own peak alike (train.py's Composer scheduler, the plain loop by hand), so a
 part's rate falls to min_lr / learning_rate of its peak too. lr_base_width's factor scales these rates as it
-scales learning_rate.
+scales learning_rate (scalar_lr's excepted: nanochat's scalar rates are the same at every width).
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ def part_params(model: nn.Module, setting: str) -> list[nn.Parameter]:
     head_lr the output head's weight."""
     if setting == "head_lr":
         return [model.lm_head.weight]
+    if setting == "scalar_lr":
+        names = ("x0_lambdas", "smear_gate.weight", "smear_lambda", "backout_lambda")
+        return [p for name, p in model.named_parameters() if name in names]
     tables = [m.weight for m in model.modules() if isinstance(m, nn.Embedding) and m.weight.requires_grad]
     return list({id(p): p for p in tables}.values())
 
@@ -49,7 +53,7 @@ def with_part_rates(groups: list[dict], model: nn.Module, cfg: TrainConfig) -> l
         # a group the part emptied goes (a checkpoint keeps no settings for an empty group: torch's distributed
         # state dict keys a group by its parameters' names)
         groups = [g for g in groups if g["params"]]
-        groups.append(dict(params=params, lr=rate * cfg.width_scale(), weight_decay=decay, part_rate=setting))
+        groups.append(dict(params=params, lr=rate * cfg.part_scale(setting), weight_decay=decay, part_rate=setting))
     assert sorted(id(p) for g in groups for p in g["params"]) == before, "a parameter is in no group or in two"
     return groups
 
@@ -57,4 +61,4 @@ def with_part_rates(groups: list[dict], model: nn.Module, cfg: TrainConfig) -> l
 def part_peak(cfg: TrainConfig, group: dict) -> Optional[float]:
     """The peak rate of a part's group (its setting times lr_base_width's factor); None for any other group."""
     setting = group.get("part_rate")
-    return getattr(cfg, setting) * cfg.width_scale() if setting else None
+    return getattr(cfg, setting) * cfg.part_scale(setting) if setting else None

@@ -56,6 +56,8 @@ def build_model(cfg: TrainConfig) -> GPT:
     """cfg's model with train.py's initial weights (its reproducibility.seed_all seeds torch the same way)."""
     torch.manual_seed(cfg.seed)
     model = GPT(cfg.model_config())
+    if cfg.weight_init == "nanochat":
+        model.nanochat_init()
     if cfg.zero_init_proj:
         model.zero_output_projections()
     return model
