@@ -1,4 +1,4 @@
-# nanochat's whole recipe (karpathy/nanochat at 92d63d4: its gpt.py, optim.py and base_train.py's defaults) as
+# nanochat's whole recipe (karpathy/nanochat at 92d63d4: its model, its optimizer, its base training's defaults) as
 # model.py and Muon express it, applied after a size preset (it sets no size), like config/modern.py:
 #   python train.py config/quickstart.py config/nanochat.py
 #   composer -n 8 train.py config/pile.py config/nanochat.py
@@ -18,7 +18,7 @@
 #   checkpoints with value_embeds still load).
 # - short attention windows: nanochat's short window is a quarter of the context rounded up to 128 tokens, the whole
 #   context at block_size 128; for 1024-token contexts add --attn_window=256 (a mask: slower on GPU, unmeasured).
-# - its rates and weight decay rescaled by batch size and run length (base_train.py's scaling rules), its BOS-aligned
+# - its rates and weight decay rescaled by batch size and run length (its training script's rules), its BOS-aligned
 #   best-fit packing (doc_aligned=True is this repo's: within noise on the size ladder, so off), bf16 embeddings.
 # export_hf.py refuses this model (no Hugging Face class computes smear, backout or value embeddings); sample.py and
 # eval.py use it as it is.

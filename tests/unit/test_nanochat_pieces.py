@@ -143,8 +143,7 @@ def test_scalar_lr_groups_the_mixing_scalars_at_one_rate_at_every_width():
 
 def test_muon_weight_decay_is_muons_alone_and_falls_as_a_cosine():
     from pilegpt.train import plain_loop
-    from pilegpt.train.config_load import load_config
-    from pilegpt.train.config_load import make_config
+    from pilegpt.train.config_load import load_config, make_config
     from pilegpt.train.muon import Muon, build_muon, decayed
 
     cfg = load_config([*DATA, "--optimizer=muon", "--weight_decay=0", "--muon_weight_decay=0.28",
