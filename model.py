@@ -4,8 +4,9 @@ Importable alone (no Composer). The default architecture and parameter names are
 one to one onto OpenAI's GPT-2 weights (transformer.wte, transformer.wpe, transformer.h.N.ln_1,
 .attn.c_attn, .attn.c_proj, .ln_2, .mlp.c_fc, .mlp.c_proj, transformer.ln_f, lm_head). GPTConfig's
 architecture fields switch in RoPE, RMSNorm, ReLU² or SwiGLU, grouped-query attention, QK-norm, an untied
-head, a logit softcap, per-block residual and x0 scalars, gated value embeddings and short attention windows on
-three blocks in four (docs/training.md#architecture).
+head, a logit softcap, per-block residual and x0 scalars, gated value embeddings, short attention windows on
+three blocks in four, and nanochat's parameter-free RMSNorm, normed embeddings, smear gate, backout and q/k scale
+(docs/training.md#architecture).
 
     from model import GPT, GPTConfig
     model = GPT(GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=256))
