@@ -1,7 +1,7 @@
 """The preset against the GPT-2 recipe as the model grows: a ladder of model sizes on CPU, two seeds a run.
 
 Usage:
-    python bench/bench_ladder.py                                # every rung, the 3 recipes, seeds 0 and 1 (~80 min)
+    python bench/bench_ladder.py                                # every rung, the 3 recipes, seeds 0 and 1
     python bench/bench_ladder.py --rungs 4x128 --steps 600     # the smallest rung alone (~9 min on 2 cores)
     python bench/bench_ladder.py --rungs 6x256 --try "lr2=config/modern.py --muon_lr=0.01"
     python bench/bench_ladder.py --corpus data/ladder --corpus-only   # write the corpus and stop
