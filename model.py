@@ -4,8 +4,9 @@ Importable alone (no Composer). The default architecture and parameter names are
 one to one onto OpenAI's GPT-2 weights (transformer.wte, transformer.wpe, transformer.h.N.ln_1,
 .attn.c_attn, .attn.c_proj, .ln_2, .mlp.c_fc, .mlp.c_proj, transformer.ln_f, lm_head). GPTConfig's
 architecture fields switch in RoPE, RMSNorm, ReLU² or SwiGLU, grouped-query attention, QK-norm, an untied
-head, a logit softcap, per-block residual and x0 scalars, gated value embeddings and short attention windows on
-three blocks in four (docs/training.md#architecture).
+head, a logit softcap, per-block residual and x0 scalars, gated value embeddings, short attention windows on
+three blocks in four, and nanochat's parameter-free RMSNorm, normed embeddings, smear gate, backout and q/k scale
+(docs/training.md#architecture).
 
     from model import GPT, GPTConfig
     model = GPT(GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=256))
@@ -26,7 +27,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 RMS_NORM_EPS = 1e-5  # RMSNorm's eps (nn.LayerNorm's default too); export_hf.py writes it into the HF config
-POS_EMBS, NORMS, MLPS = ("learned", "rope"), ("layernorm", "rmsnorm"), ("gelu", "relu2", "swiglu")
+POS_EMBS, NORMS, MLPS = ("learned", "rope"), ("layernorm", "rmsnorm", "rmsnorm_free"), ("gelu", "relu2", "swiglu")
 
 
 @dataclass
@@ -40,7 +41,7 @@ class GPTConfig:
     bias: bool = True  # biases in Linear and LayerNorm layers, like GPT-2; False is a bit faster
     pos_emb: str = "learned"  # "learned" (GPT-2's wpe table) or "rope" (rotary, no position parameters)
     rope_theta: float = 10000.0  # RoPE's base: pair i of a head turns by pos * rope_theta^(-2i/head_size)
-    norm: str = "layernorm"  # "layernorm" (GPT-2) or "rmsnorm" (no mean subtraction, no bias)
+    norm: str = "layernorm"  # "layernorm" (GPT-2), "rmsnorm" (no mean subtraction, no bias) or "rmsnorm_free" (no gain)
     mlp: str = "gelu"  # "gelu" (GPT-2, 4*n_embd), "relu2" (ReLU², 4*n_embd) or "swiglu" (swiglu_hidden(n_embd))
     n_kv_head: Optional[int] = None  # key/value heads; None = n_head, fewer = grouped-query attention
     qk_norm: bool = False  # normalize each head's q and k (with `norm`'s kind) before RoPE and attention
@@ -49,6 +50,10 @@ class GPTConfig:
     x0_scalars: bool = False  # before block i: x = resid_lambdas[i] * x + x0_lambdas[i] * x0 (learned, from 1 and 0)
     value_embeds: bool = False  # alternating layers (the last too) add a gated token embedding of their own to v
     attn_window: int = 0  # > 0: blocks attend to the last attn_window tokens, but every 4th and the last (all of them)
+    embed_norm: bool = False  # the token embeddings RMS-normalised (no gain) before anything else sees them
+    smear: bool = False  # each position adds a gated share of the previous token's embedding to its own (bigrams)
+    backout: bool = False  # the final norm reads x - backout_lambda * (the residual after block n_layer // 2)
+    qk_scale: float = 1.0  # q and k times this after QK-norm: 1.2 sharpens attention (scores x 1.44)
 
     def __post_init__(self):
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
@@ -61,7 +66,8 @@ class GPTConfig:
         dropout_ok = isinstance(self.dropout, (int, float)) and not isinstance(self.dropout, bool)
         if not (dropout_ok and 0.0 <= self.dropout < 1.0):
             raise ValueError(f"GPTConfig.dropout must be a number in [0, 1), got {self.dropout!r}")
-        for name in ("bias", "qk_norm", "tie_embeddings", "x0_scalars", "value_embeds"):
+        for name in ("bias", "qk_norm", "tie_embeddings", "x0_scalars", "value_embeds", "embed_norm", "smear",
+                     "backout"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"GPTConfig.{name} must be True or False, got {getattr(self, name)!r}")
         self._check_architecture()
@@ -94,6 +100,9 @@ class GPTConfig:
             raise ValueError(f"GPTConfig.logit_softcap must be a number >= 0 (0 = off), got {cap!r}")
         if cap == math.inf:  # inf * tanh(logits / inf) is nan
             raise ValueError("GPTConfig.logit_softcap must be finite (0 = off), got inf")
+        scale = self.qk_scale
+        if not (isinstance(scale, (int, float)) and not isinstance(scale, bool) and 0 < scale < math.inf):
+            raise ValueError(f"GPTConfig.qk_scale must be a finite number > 0 (1 = off), got {scale!r}")
 
     @property
     def head_size(self) -> int:
@@ -129,6 +138,7 @@ def window_mask(length: int, window: int, device: torch.device) -> torch.Tensor:
 
 
 VE_GATE_CHANNELS = 32  # value_embeds: the gate reads the first 32 channels of the block's normed input
+SMEAR_CHANNELS = 24  # smear: the gate reads the first 24 channels of the position's embedding
 
 
 def swiglu_hidden(n_embd: int, multiple_of: int = 256) -> int:
@@ -141,20 +151,27 @@ def swiglu_hidden(n_embd: int, multiple_of: int = 256) -> int:
 # ---------------------------------------------------------------------------------------------------------
 # The parts that GPTConfig switches
 
-class RMSNorm(nn.Module):
-    """y = x / sqrt(mean(x²) + eps) * weight, over the last dimension (no mean subtraction, no bias)."""
+# the parameters scalar_lr rates: each mixes another stream into the residual (x0, the previous token, the middle)
+MIXING_SCALARS = ("x0_lambdas", "smear_gate.weight", "smear_lambda", "backout_lambda")
 
-    def __init__(self, dim: int, eps: float = RMS_NORM_EPS):
+
+class RMSNorm(nn.Module):
+    """y = x / sqrt(mean(x²) + eps) * weight, over the last dimension (no mean subtraction, no bias); gain=False:
+    no weight, y = x / sqrt(mean(x²) + eps) (norm="rmsnorm_free": nothing to learn)."""
+
+    def __init__(self, dim: int, eps: float = RMS_NORM_EPS, gain: bool = True):
         super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps, self.dim = eps, dim
+        self.weight = nn.Parameter(torch.ones(dim)) if gain else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.size(-1),), self.weight, self.eps)
+        return F.rms_norm(x, (self.dim,), self.weight, self.eps)
 
 
 def make_norm(config: GPTConfig, dim: int) -> nn.Module:
-    return RMSNorm(dim) if config.norm == "rmsnorm" else nn.LayerNorm(dim, bias=config.bias)
+    if config.norm == "layernorm":
+        return nn.LayerNorm(dim, bias=config.bias)
+    return RMSNorm(dim, gain=config.norm == "rmsnorm")
 
 
 def rope_tables(head_size: int, length: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -190,7 +207,7 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
         if config.qk_norm:
             self.q_norm, self.k_norm = make_norm(config, self.head_size), make_norm(config, self.head_size)
-        self.qk_norm = config.qk_norm
+        self.qk_norm, self.qk_scale = config.qk_norm, config.qk_scale
         if value_embed:
             self.ve_gate = nn.Linear(min(VE_GATE_CHANNELS, config.n_embd), self.n_kv_head, bias=False)
 
@@ -207,6 +224,8 @@ class CausalSelfAttention(nn.Module):
             v = v + gate.unsqueeze(-1) * ve.view(B, T, self.n_kv_head, self.head_size)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
+        if self.qk_scale != 1.0:
+            q, k = q * self.qk_scale, k * self.qk_scale
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         # (B, T, nh, hs) -> (B, nh, T, hs): heads become a batch dimension
@@ -287,6 +306,11 @@ class GPT(nn.Module):
             kv_dim = config.kv_heads * config.head_size
             self.value_embeds = nn.ModuleDict({str(i): nn.Embedding(config.vocab_size, kv_dim)
                                                for i in range(config.n_layer) if has_value_embed(i, config.n_layer)})
+        if config.smear:  # the gate reads the position's own embedding; smear_lambda (from 0) scales it
+            self.smear_gate = nn.Linear(min(SMEAR_CHANNELS, config.n_embd), 1, bias=False)
+            self.smear_lambda = nn.Parameter(torch.zeros(1))
+        if config.backout:  # how much of the middle block's residual the head stops seeing, learned from 0.2
+            self.backout_lambda = nn.Parameter(torch.full((1,), 0.2))
         if config.pos_emb == "rope":  # computed, not learned: not in the state dict
             cos, sin = rope_tables(config.head_size, config.block_size, config.rope_theta)
             self.register_buffer("rope_cos", cos, persistent=False)
@@ -325,6 +349,11 @@ class GPT(nn.Module):
             x = x + self.transformer.wpe(torch.arange(0, T, dtype=torch.long, device=idx.device))
         else:
             rope = (self.rope_cos[:T], self.rope_sin[:T])  # (T, hs/2) each
+        if self.config.embed_norm:
+            x = F.rms_norm(x, (x.size(-1),), eps=RMS_NORM_EPS)
+        if self.config.smear:  # position t >= 1: x_t + smear_lambda * sigmoid(smear_gate(x_t)) * x_{t-1}
+            gate = self.smear_lambda * torch.sigmoid(self.smear_gate(x[:, 1:, :self.smear_gate.in_features]))
+            x = torch.cat([x[:, :1], x[:, 1:] + gate * x[:, :-1]], dim=1)  # gate: (B, T-1, 1)
         x = x0 = self.transformer.drop(x)
         value_embeds = self.value_embeds if self.config.value_embeds else {}  # block index (str) -> its table
         window = self.config.attn_window
@@ -334,6 +363,10 @@ class GPT(nn.Module):
                 x = self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
             ve = value_embeds[str(i)](idx) if str(i) in value_embeds else None
             x = block(x, rope, ve, mask if has_short_window(i, self.config) else None)
+            if self.config.backout and i == self.config.n_layer // 2:
+                middle = x
+        if self.config.backout:
+            x = x - self.backout_lambda * middle
         x = self.transformer.ln_f(x)
         if targets is not None:
             logits = self.softcap(self.lm_head(x))  # (B, T, V)
@@ -398,12 +431,12 @@ class GPT(nn.Module):
     def param_parts(self) -> dict[str, list[nn.Parameter]]:
         """Which trainable parameters are which part, for the optimizer's groups (pilegpt/train/optim/groups.py):
         "matrices" the 2-D weights inside the blocks (Muon's), "embedding" the embedding tables (wte once when tied,
-        wpe, the value_embeds tables), "head" the untied output head, "scalars" every parameter of dim < 2 (biases,
-        norm gains, the x0 scalars)."""
+        wpe, the value_embeds tables), "head" the untied output head, "scalars" the scalars that mix other streams
+        into the residual (x0_lambdas, the smear gate and its lambda, backout_lambda; scalar_lr's)."""
         tables = [m.weight for m in self.modules() if isinstance(m, nn.Embedding) and m.weight.requires_grad]
         return {"matrices": self.hidden_matrices(), "embedding": list({id(p): p for p in tables}.values()),
                 "head": [] if self.config.tie_embeddings else [self.lm_head.weight],
-                "scalars": [p for p in self.parameters() if p.requires_grad and p.dim() < 2]}
+                "scalars": [p for name, p in self.named_parameters() if p.requires_grad and name in MIXING_SCALARS]}
 
     def crop_block_size(self, block_size: int) -> None:
         """Shrink the context length (e.g. to finetune a 1024-context model at 256): cuts wpe's table (RoPE has
@@ -423,6 +456,35 @@ class GPT(nn.Module):
         for block in self.transformer.h:
             for proj in (block.attn.c_proj, block.mlp.c_proj):
                 proj.weight.zero_()
+
+    @torch.no_grad()
+    def nanochat_init(self) -> None:
+        """Re-initialise a new model at nanochat's scales (weight_init="nanochat"): token embeddings N(0, 0.8), an
+        untied head N(0, 0.001); the blocks' input matrices (and the value embeddings) uniform with std
+        1/sqrt(n_embd), the MLP's c_fc at 0.4 of that, the output projections 0; the residual scalars from 1.15 down to
+        1.05 and the x0 scalars from 0.2 down to 0.05 over the blocks; the smear and value-embedding gates uniform in
+        [0, 0.02], smear_lambda 0 and backout_lambda 0.2."""
+        cfg, bound = self.config, (3 / self.config.n_embd) ** 0.5  # uniform on [-b, b] has std b / sqrt(3)
+        nn.init.normal_(self.transformer.wte.weight, std=0.8)
+        if not cfg.tie_embeddings:
+            nn.init.normal_(self.lm_head.weight, std=0.001)
+        for block in self.transformer.h:
+            nn.init.uniform_(block.attn.c_attn.weight, -bound, bound)
+            nn.init.uniform_(block.mlp.c_fc.weight, -0.4 * bound, 0.4 * bound)
+            if hasattr(block.attn, "ve_gate"):
+                nn.init.uniform_(block.attn.ve_gate.weight, 0.0, 0.02)
+        self.zero_output_projections()
+        depth = torch.arange(cfg.n_layer) / max(cfg.n_layer - 1, 1)  # 0 at the first block, 1 at the last
+        if cfg.x0_scalars:
+            self.resid_lambdas.copy_(1.15 - 0.10 * depth)
+            self.x0_lambdas.copy_(0.20 - 0.15 * depth)
+        for table in (self.value_embeds.values() if cfg.value_embeds else ()):
+            nn.init.uniform_(table.weight, -bound, bound)
+        if cfg.smear:
+            nn.init.uniform_(self.smear_gate.weight, 0.0, 0.02)
+            self.smear_lambda.zero_()
+        if cfg.backout:
+            self.backout_lambda.fill_(0.2)
 
     def hidden_matrices(self) -> list[nn.Parameter]:
         """The 2-D weights inside the transformer blocks (attention and MLP matmuls): what Muon updates

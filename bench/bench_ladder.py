@@ -1,7 +1,7 @@
 """The preset against the GPT-2 recipe as the model grows: a ladder of model sizes on CPU, two seeds a run.
 
 Usage:
-    python bench/bench_ladder.py                                # every rung, gpt2 and modern, seeds 0 and 1 (~50 min)
+    python bench/bench_ladder.py                                # every rung, the 3 recipes, seeds 0 and 1
     python bench/bench_ladder.py --rungs 4x128 --steps 600     # the smallest rung alone (~9 min on 2 cores)
     python bench/bench_ladder.py --rungs 6x256 --try "lr2=config/modern.py --muon_lr=0.01"
     python bench/bench_ladder.py --corpus data/ladder --corpus-only   # write the corpus and stop
@@ -12,10 +12,12 @@ prepare_data.py (GPT-2 BPE) with whole documents held out for val (2.47M tokens 
 Every rung trains config/quickstart.py's batch and schedule (4 x 128 tokens a step, its learning rates) at one
 model size through the plain loop that bench_recipe.py uses (pinned to train.py's losses), for --steps steps: a
 run sees fewer tokens than the train split holds, so no rung repeats its data. Recipes: `gpt2` (GPT-2's
-architecture and AdamW) and `modern` (config/modern.py after the size), plus any --try. Columns per rung and seed:
-the final val loss (every val window), the step where the seed's GPT-2 run's final val loss is first reached
-(linear between evaluations), its ratio to GPT-2's steps, the training FLOPs and CPU seconds to that loss and
-their ratios. The plot (--plot) draws val loss against training FLOPs for every run.
+architecture and AdamW), `modern` (config/modern.py after the size) and `nanochat` (config/nanochat.py after it),
+plus any --try. Columns per rung and seed: the final val loss (every val window), the val loss at equal CPU time
+(each run's curve where it had spent the CPU time of the seed's quickest run, linear between evaluations), the step
+where the seed's GPT-2 run's final val loss is first reached (linear between evaluations), its ratio to GPT-2's
+steps, the training FLOPs and CPU seconds to that loss and their ratios. The plot (--plot) draws val loss against
+training FLOPs for every run.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ from pilegpt.common import UserError, run_main  # noqa: E402
 SHAKESPEARE = REPO / "tests" / "fixtures" / "tinyshakespeare.txt"
 RUNGS = {"4x128": (4, 4, 128), "5x192": (5, 3, 192), "6x256": (6, 4, 256), "8x384": (8, 6, 384)}  # layers, heads, width
 DEFAULT_RUNGS = "4x128,5x192,6x256"  # 0.79M to 4.7M parameters in the blocks (6x); 8x384 (14M) takes ~35 min a rung
-RECIPES = {"gpt2": [], "modern": [str(REPO / "config" / "modern.py")]}
+RECIPES = {"gpt2": [], "modern": [str(REPO / "config" / "modern.py")],
+           "nanochat": [str(REPO / "config" / "nanochat.py")]}
 VOCAB, BLOCK, TOKENS_PER_STEP = 50304, 128, 4 * 128  # config/quickstart.py's
 
 
@@ -97,18 +100,34 @@ def rung_table(rung: str, results: dict[tuple[str, int], bench_recipe.Result], s
                steps: int) -> list[str]:
     """One row per recipe and seed, each against the same seed's GPT-2 run."""
     n_layer, _, n_embd = RUNGS[rung]
-    lines = [f"| {rung} | recipe | seed | val @{steps} | step to GPT-2's final | x steps | GFLOPs to it | "
-             "s CPU to it | x time |", "|---|---|---|---|---|---|---|---|---|"]
-    for (name, seed), r in sorted(results.items(), key=lambda item: (item[0][1], item[0][0] != "gpt2")):
+    lines = [f"| {rung} | recipe | seed | val @{steps} | val @equal CPU | step to GPT-2's final | x steps | "
+             "GFLOPs to it | s CPU to it | x time |", "|---|---|---|---|---|---|---|---|---|---|"]
+    order = {name: i for i, name in enumerate(RECIPES)}
+    for (name, seed), r in sorted(results.items(), key=lambda item: (item[0][1], order.get(item[0][0], 99))):
         base = results[("gpt2", seed)]
+        budget = min(other.curve[-1][0] * other.step_s for (_, s), other in results.items() if s == seed)
         target, base_steps = base.curve[-1][1], base.reaches(base.curve[-1][1])
         reached = r.reaches(target)
         flops = flops_per_step(n_layer, n_embd, name)
         cells = ["not reached", "-", "-", "-", "-"] if reached is None else [
             f"{reached:.0f}", f"{reached / base_steps:.2f}", f"{reached * flops / 1e9:,.0f}",
             f"{reached * r.step_s:.0f}", f"{reached * r.step_s / (base_steps * base.step_s):.2f}"]
-        lines.append(f"| | {name} | {seed} | {r.curve[-1][1]:.4f} | " + " | ".join(cells) + " |")
+        lines.append(f"| | {name} | {seed} | {r.curve[-1][1]:.4f} | {val_at(r, budget / r.step_s):.4f} | "
+                     + " | ".join(cells) + " |")
     return lines
+
+
+def val_at(r: bench_recipe.Result, step: float) -> float:
+    """The run's val loss at `step` (a fraction of one too), linear between its evaluations (and from its first
+    evaluation's loss before it)."""
+    previous = r.curve[0]
+    for point in r.curve:
+        if point[0] >= step:
+            if point[0] == previous[0]:
+                return point[1]
+            return previous[1] + (point[1] - previous[1]) * (step - previous[0]) / (point[0] - previous[0])
+        previous = point
+    return r.curve[-1][1]
 
 
 def plot(all_results: dict, out: Path) -> None:
@@ -119,7 +138,7 @@ def plot(all_results: dict, out: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 5))
-    colors = {"gpt2": "tab:blue", "modern": "tab:red"}
+    colors = {"gpt2": "tab:blue", "modern": "tab:red", "nanochat": "tab:green"}
     for (rung, name, seed), r in sorted(all_results.items()):
         n_layer, _, n_embd = RUNGS[rung]
         flops = flops_per_step(n_layer, n_embd, name)
@@ -129,7 +148,7 @@ def plot(all_results: dict, out: Path) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("training FLOPs")
     ax.set_ylabel("val loss")
-    ax.set_title("GPT-2 recipe vs config/modern.py, by model size (lines: seeds)")
+    ax.set_title("GPT-2's recipe, config/modern.py and config/nanochat.py, by model size (lines: seeds)")
     ax.legend()
     fig.savefig(out, dpi=100, bbox_inches="tight")
 

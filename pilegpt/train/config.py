@@ -13,20 +13,21 @@ from pilegpt.common import UserError
 
 # GPTConfig's fields, but dropout: a run's checkpoints hold this model
 ARCH_FIELDS = ("pos_emb", "rope_theta", "norm", "mlp", "n_kv_head", "qk_norm", "tie_embeddings", "logit_softcap",
-               "x0_scalars", "value_embeds", "attn_window")
+               "x0_scalars", "value_embeds", "attn_window", "embed_norm", "smear", "backout", "qk_scale")
 SHAPE_FIELDS = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "bias", *ARCH_FIELDS)
 CUSTOM_MODEL_FIELDS = ("model_class", "model_args")  # your own model instead of the GPT (model_contract.py)
 # settings that shape nothing of a model_class
-GPT_ONLY_FIELDS = ("n_layer", "n_head", "n_embd", "bias", *ARCH_FIELDS, "dropout", "zero_init_proj")
+GPT_ONLY_FIELDS = ("n_layer", "n_head", "n_embd", "bias", *ARCH_FIELDS, "dropout", "zero_init_proj", "weight_init")
 MAX_LR = 1e6  # the largest learning rate of any kind a run accepts
-PART_RATES = ("embedding_lr", "head_lr")  # AdamW's rates for parts of the GPT: pilegpt/train/optim/groups.py
+# AdamW's rates for parts of the GPT: pilegpt/train/optim/groups.py
+PART_RATES = ("embedding_lr", "head_lr", "scalar_lr")
 # Muon's options, one entry each: the setting -> (Muon's constructor argument and group key, the value a checkpoint
 # from before that key ran with; None: the key is as old as Muon). groups.build_optimizer, the autoresume check
 # (optim/on_resume.py) and the "unused with optimizer='adamw'" note all read this table.
 MUON_OPTIONS = {"muon_momentum": ("momentum", None), "muon_momentum_warmup": ("momentum_warmup", 0),
                 "muon_cautious_wd": ("cautious_wd", False), "muon_normuon": ("normuon", False),
-                "muon_polar_express": ("polar_express", False)}
-MUON_SETTINGS = ("muon_lr", *MUON_OPTIONS)  # what optimizer="adamw" leaves unused
+                "muon_polar_express": ("polar_express", False), "muon_wd_cosine": ("wd_cosine", 0)}
+MUON_SETTINGS = ("muon_lr", *MUON_OPTIONS, "muon_weight_decay")  # what optimizer="adamw" leaves unused
 DATA_KEYS = ("data_dir", "data_remote", "data_mix")  # three ways to name the data: one per run
 
 # What a setting changed on autoresume does: one row per TrainConfig setting, (kind, rule). run/folder.py's checks
@@ -43,7 +44,8 @@ ON_RESUME = {
     "optimizer": (REFUSED, "another optimizer"),  # its state is another optimizer's
     "seed": (REFUSED, "another seed, which orders the data (a new one mid-epoch repeats and skips samples)"),
     "dropout": (USED, "a probability at each training step"),
-    **dict.fromkeys(("zero_init_proj", "init_from"), (INIT_ONLY, "the weights come from the checkpoint")),
+    **dict.fromkeys(("zero_init_proj", "weight_init", "init_from"),
+                    (INIT_ONLY, "the weights come from the checkpoint")),
     **dict.fromkeys(("data_dir", "data_remote", "data_mix", "data_format", "doc_aligned"),
                     (DATA, "the data's content and its rows, not where it lies (a moved copy resumes)")),
     "num_canonical_nodes": (DATA, "data.json's fixes the MDS sample order: another is refused, None takes it"),
@@ -53,6 +55,7 @@ ON_RESUME = {
     **dict.fromkeys(("learning_rate", "muon_lr", "lr_base_width", "weight_decay", "beta1", "beta2", *MUON_OPTIONS),
                     (SAID, "the optimizer's parameter groups (optim/on_resume.py)")),
     **dict.fromkeys(PART_RATES, (PART_GROUP, "a change between rates is said, as learning_rate's")),
+    "muon_weight_decay": (SAID, "Muon's group's weight_decay (optim/on_resume.py names it weight_decay)"),
     **dict.fromkeys(("min_lr", "lr_schedule", "warmdown", "warmup", "max_duration", "grad_clip"),
                     (USED, "the schedule and the clipping are computed at each batch")),
     **dict.fromkeys(("eval_interval", "eval_subset_num_batches", "eval_data", "hellaswag_examples", "hellaswag_data",
@@ -82,7 +85,7 @@ class TrainConfig:
     bias: bool = True  # biases in Linear and LayerNorm, like GPT-2
     pos_emb: str = "learned"  # positions: "learned" (GPT-2's table) or "rope" (rotary, no parameters)
     rope_theta: float = 10000.0  # RoPE's base (pos_emb="rope")
-    norm: str = "layernorm"  # "layernorm" (GPT-2) or "rmsnorm"
+    norm: str = "layernorm"  # "layernorm" (GPT-2), "rmsnorm" or "rmsnorm_free" (RMSNorm without a learned gain)
     mlp: str = "gelu"  # "gelu" (GPT-2), "relu2" (ReLU squared) or "swiglu" (Llama's, hidden 8/3 n_embd up to 256s)
     n_kv_head: Optional[int] = None  # key/value heads; None = n_head, fewer (dividing n_head) = grouped-query
     qk_norm: bool = False  # normalize each head's q and k (norm's kind) before attention
@@ -91,7 +94,12 @@ class TrainConfig:
     x0_scalars: bool = False  # learned per-block scalars: x = resid_lambdas[i] * x + x0_lambdas[i] * x0 (embeddings)
     value_embeds: bool = False  # gated token tables added to v on every other block, the last too (nanochat)
     attn_window: int = 0  # > 0: blocks see the last attn_window tokens only, but every 4th and the last see all
+    embed_norm: bool = False  # the token embeddings RMS-normalised (no gain) before the blocks (nanochat)
+    smear: bool = False  # each position adds a gated share of the previous token's embedding (nanochat's smear)
+    backout: bool = False  # the head reads x minus a learned share of the middle block's residual (nanochat)
+    qk_scale: float = 1.0  # q and k times this after QK-norm (nanochat: 1.2, attention scores x 1.44)
     zero_init_proj: bool = False  # from scratch: the blocks' output projections start at 0 (nanochat, modded-nanogpt)
+    weight_init: str = "gpt2"  # from scratch: "gpt2" (N(0, 0.02)) or "nanochat" (its scales: model.nanochat_init)
     init_from: str = "scratch"  # weights: scratch, gpt2(-medium/-large/-xl), a HF GPT-2 folder, a pile-gpt checkpoint
     model_class: str = ""  # your own nn.Module, "package.module:Class" (docs/extending.md); "" = model.py's GPT
     model_args: dict = field(default_factory=dict)  # keyword arguments of model_class's constructor
@@ -114,12 +122,15 @@ class TrainConfig:
     muon_lr: float = 0.02  # Muon's peak learning rate (optimizer="muon"), on the same schedule as learning_rate
     embedding_lr: float = 0.0  # AdamW's peak rate for the embedding tables (wte, wpe, value_embeds); 0 = learning_rate
     head_lr: float = 0.0  # AdamW's peak rate for the untied output head (lm_head); 0 = learning_rate
+    scalar_lr: float = 0.0  # AdamW's peak rate for x0_lambdas, smear and backout (not width-scaled); 0 = learning_rate
     lr_base_width: int = 0  # > 0: AdamW's rates (these 3, min_lr) are at this n_embd, x (lr_base_width/n_embd)**0.5
     muon_momentum: float = 0.95  # Muon's momentum (Nesterov)
     muon_momentum_warmup: int = 0  # Muon's momentum rises from 0.85 to muon_momentum over this many steps; 0 = off
     muon_cautious_wd: bool = False  # Muon's weight decay only where the update also pulls a weight towards 0
     muon_normuon: bool = False  # NorMuon: Muon's update evened out over output neurons by their second moment
     muon_polar_express: bool = False  # Muon's orthogonalisation: Polar Express's coefficients, not Newton-Schulz's
+    muon_weight_decay: Optional[float] = None  # Muon's own weight decay; None = weight_decay's (AdamW keeps that)
+    muon_wd_cosine: bool = False  # Muon's weight decay falls from its value to 0 as a cosine over max_duration
     min_lr: float = 6e-5  # learning rate at the end of the schedule (max_duration)
     lr_schedule: str = "cosine"  # "cosine": warmup, cosine decay; "wsd": warmup, the peak, a linear warmdown
     warmdown: float = 0.2  # lr_schedule="wsd": the last fraction of max_duration, where the rate falls to min_lr
@@ -287,6 +298,11 @@ class TrainConfig:
         elif self.zero_init_proj and self.init_from != "scratch":
             errors.append(f"zero_init_proj=True sets a new model's output projections to 0, but init_from="
                           f"{self.init_from} gives the weights: set zero_init_proj=False")
+        if self.weight_init not in ("gpt2", "nanochat"):
+            errors.append(f"weight_init must be 'gpt2' or 'nanochat', got {self.weight_init!r}")
+        elif self.weight_init != "gpt2" and self.init_from != "scratch":
+            errors.append(f"weight_init={self.weight_init!r} initialises a new model, but init_from={self.init_from} "
+                          "gives the weights: set weight_init='gpt2'")
         if self.grad_clip < 0:
             errors.append(f"grad_clip must be >= 0 (0 = off), got {self.grad_clip}")
         if self.optimizer not in ("adamw", "muon"):
@@ -309,10 +325,35 @@ class TrainConfig:
         if self.muon_momentum_warmup < 0:
             errors.append(f"muon_momentum_warmup must be >= 0 optimizer steps (0 = off; modded-nanogpt: 300), got "
                           f"{self.muon_momentum_warmup}")
+        errors += self._check_muon_decay()
         if self.optimizer == "muon" and self.fsdp:  # Newton-Schulz needs the whole matrix; a rank holds a shard
             errors.append("optimizer='muon' cannot run with fsdp=True (it orthogonalises whole 2-D weights, FSDP "
                           "shards them): set fsdp=False (DDP) or optimizer='adamw'")
         return errors
+
+    def _check_muon_decay(self) -> list[str]:
+        """muon_weight_decay (None or >= 0) and muon_wd_cosine (a run length in batches or tokens to fall over)."""
+        from composer.core import Time, TimeUnit
+
+        if self.muon_weight_decay is not None and self.muon_weight_decay < 0:
+            return [f"muon_weight_decay must be >= 0 (or None: weight_decay's), got {self.muon_weight_decay}"]
+        try:
+            unit = Time.from_timestring(self.max_duration).unit
+        except (ValueError, TypeError):
+            return []  # _check_schedule names it
+        if self.muon_wd_cosine and unit not in (TimeUnit.BATCH, TimeUnit.TOKEN):
+            return [f"muon_wd_cosine=True decays over the run's optimizer steps, which max_duration="
+                    f"{self.max_duration!r} does not give: write it in batches ('600ba') or tokens"]
+        return []
+
+    def max_batches(self) -> int:
+        """max_duration in optimizer steps, from batches or tokens (global_batch_size x block_size a step)."""
+        from composer.core import Time, TimeUnit
+
+        duration = Time.from_timestring(self.max_duration)
+        if duration.unit == TimeUnit.TOKEN:
+            return -(-duration.value // (self.global_batch_size * self.block_size))
+        return duration.value
 
     def _check_part_rates(self) -> list[str]:
         """embedding_lr and head_lr: 0 (learning_rate's) or a rate; each names a part of model.py's GPT."""
@@ -325,6 +366,9 @@ class TrainConfig:
         if self.head_lr and self.tie_embeddings:
             return [f"head_lr={self.head_lr:g} is for an untied output head, but tie_embeddings=True makes the head "
                     "the token embedding (embedding_lr's): set tie_embeddings=False or head_lr=0"]
+        if self.scalar_lr and not (self.x0_scalars or self.smear or self.backout):
+            return [f"scalar_lr={self.scalar_lr:g} is the rate of the x0_scalars, smear and backout scalars, but the "
+                    "model has none of them: set one of those or scalar_lr=0"]
         return []
 
     def _check_schedule(self) -> list[str]:
@@ -425,13 +469,17 @@ class TrainConfig:
         """lr_base_width's factor on AdamW's rates (1.0 when off, or at the base width itself)."""
         return (self.lr_base_width / self.n_embd) ** 0.5 if self.lr_base_width else 1.0
 
+    def part_scale(self, setting: str) -> float:
+        """lr_base_width's factor on a part's rate: the width's for the embeddings and the head, 1 for the scalars."""
+        return 1.0 if setting == "scalar_lr" else self.width_scale()
+
     def width_rule_note(self) -> str:
         """One line saying what lr_base_width made of AdamW's rates (train.py prints it with the config)."""
         b, n, k = self.lr_base_width, self.n_embd, self.width_scale()
         return (f"lr_base_width={b}: learning_rate={self.learning_rate:g} and min_lr={self.min_lr:g} are AdamW's "
                 f"rates at n_embd={b}; at n_embd={n}, x ({b}/{n})**0.5 = {k:.4g}: {self.adamw_lr():.4g} and "
                 f"{self.min_lr * k:.4g}" + "".join(f"; {p}={getattr(self, p):g}: {getattr(self, p) * k:.4g}"
-                                                   for p in PART_RATES if getattr(self, p))
+                                                   for p in PART_RATES if getattr(self, p) and p != "scalar_lr")
                 + (f"; Muon's muon_lr={self.muon_lr:g} as set" if self.optimizer == "muon" else ""))
 
     def unused_muon_note(self) -> str:
@@ -449,10 +497,13 @@ class TrainConfig:
 
     def initial_gpt(self):
         """model.py's GPT in this shape with a run's initial weights, drawn from torch's generator as the caller seeded
-        it (zero_init_proj: the blocks' output projections at 0); train.py and the plain loop both start here."""
+        it (weight_init="nanochat": nanochat's scales; zero_init_proj: the blocks' output projections at 0);
+        train.py and the plain loop both start here."""
         from model import GPT
 
         model = GPT(self.model_config())
+        if self.weight_init == "nanochat":
+            model.nanochat_init()
         if self.zero_init_proj:
             model.zero_output_projections()
         return model

@@ -66,3 +66,26 @@ def test_a_muon_run_resumes_loss_for_loss_in_one_process_and_in_two(shakespeare_
     assert "muon: this rank orthogonalises 4 of 8 matrices (4 shapes)\n" in out
     two = losses_by_batch(run_dir)  # the last run's rows win
     assert_same_losses(two, whole, (4, 5, 6), atol=ACROSS_PROCESS_COUNTS)
+
+
+def test_config_nanochat_trains_evaluates_and_resumes_loss_for_loss(shakespeare_bin, tmp_path, capsys):
+    """config/nanochat.py after a size preset, through train.py: it learns, evaluates, resumes batch for batch (Muon's
+    weight-decay cosine and momentum warmup count steps in the checkpoint), and the plain loop that
+    docs/performance.md's fidelity runs use gives train.py's losses."""
+    run_dir = tmp_path / "run"
+    args = [str(REPO / "config" / "tiny.py"), str(REPO / "config" / "nanochat.py"), f"--data_dir={shakespeare_bin}",
+            *SMALL, "--warmup=2ba", "--max_duration=6ba", "--save_interval=3ba", "--eval_interval=3ba",
+            "--sample_length=0", "--progress_bar=False", f"--save_folder={run_dir}", "--device=cpu", callbacks(run_dir)]
+    train.main(args)
+    whole = losses_by_batch(run_dir)
+    assert sorted(whole) == [1, 2, 3, 4, 5, 6] and whole[6] < whole[1] - 0.1  # it learns
+    val = [r["val_loss"] for r in read_jsonl(run_dir / "metrics.jsonl") if "val_loss" in r]
+    assert len(val) == 2 and val[1] < val[0]
+    config = load_model_file(str(run_dir / "model.pt")).config
+    assert (config.norm, config.smear, config.backout, config.qk_scale) == ("rmsnorm_free", True, True, 1.2)
+    plain = [loss for _, _, loss in plain_loop.train(load_config(args))]
+    np.testing.assert_allclose(plain, [whole[b] for b in range(1, 7)], rtol=1e-5)
+    simulate_crash_after(run_dir, keep_batch=3)
+    capsys.readouterr()
+    train.main([*args, "--autoresume=True"])
+    assert_resumed_where_it_stopped(run_dir, capsys.readouterr().out, keep_batch=3, last_batch=6)

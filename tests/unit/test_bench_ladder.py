@@ -57,9 +57,10 @@ def test_each_recipe_is_measured_against_the_same_seeds_gpt2_run():
                ("modern", 1): Result([(50, 6.0), (100, 5.6)], 0.45, 0.45)}  # never reaches 5.2
     lines = ladder.rung_table("4x128", results, [0, 1], 100)
     flops = ladder.flops_per_step(4, 128, "modern")
-    assert lines[2] == "| | gpt2 | 0 | 5.0000 | 100 | 1.00 | " + f"{100 * flops / 1e9:,.0f} | 30 | 1.00 |"
-    assert lines[3] == "| | modern | 0 | 4.5000 | 50 | 0.50 | " + f"{50 * flops / 1e9:,.0f} | 22 | 0.75 |"
-    assert lines[5] == "| | modern | 1 | 5.6000 | not reached | - | - | - | - |"
+    # equal CPU time: GPT-2's 100 steps x 0.3 s = 30 s, where modern (0.45 s a step) is at step 66.7
+    assert lines[2] == "| | gpt2 | 0 | 5.0000 | 5.0000 | 100 | 1.00 | " + f"{100 * flops / 1e9:,.0f} | 30 | 1.00 |"
+    assert lines[3] == "| | modern | 0 | 4.5000 | 4.8333 | 50 | 0.50 | " + f"{50 * flops / 1e9:,.0f} | 22 | 0.75 |"
+    assert lines[5] == "| | modern | 1 | 5.6000 | 5.8667 | not reached | - | - | - | - |"
 
 
 def test_reuse_takes_an_earlier_json_of_the_same_steps_and_refuses_another(tmp_path):

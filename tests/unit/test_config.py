@@ -209,7 +209,8 @@ OTHER_VALUE = {"n_layer": 3, "n_head": 4, "n_embd": 384, "block_size": 512, "voc
                "pos_emb": "rope", "rope_theta": 5e5, "norm": "rmsnorm", "mlp": "swiglu", "n_kv_head": 4,
                "qk_norm": True, "tie_embeddings": False, "logit_softcap": 15.0, "x0_scalars": True,
                "value_embeds": True, "attn_window": 256, "model_class": "mypkg:Model", "model_args": {"width": 8},
-               "optimizer": "muon", "seed": 7, "zero_init_proj": True, "init_from": "gpt2"}
+               "optimizer": "muon", "seed": 7, "zero_init_proj": True, "init_from": "gpt2", "embed_norm": True,
+               "smear": True, "backout": True, "qk_scale": 1.2, "weight_init": "nanochat"}
 
 
 def settings_of_kind(kind: str) -> set[str]:
@@ -229,7 +230,7 @@ def test_every_setting_has_one_row_saying_what_a_change_on_autoresume_does():
                for kind, rule in config.ON_RESUME.values())
     # said: what optim/on_resume.py puts back into the restored parameter groups (lr_base_width through the rates)
     assert settings_of_kind(config.SAID) == {*SETTING_OF.values(), "learning_rate", "muon_lr", "beta1", "beta2",
-                                             "lr_base_width"}
+                                             "lr_base_width", "muon_weight_decay"}
     assert settings_of_kind(config.PART_GROUP) == set(config.PART_RATES)
     assert settings_of_kind(config.DATA) == {*config.DATA_KEYS, "data_format", "doc_aligned", "num_canonical_nodes"}
     assert set(OTHER_VALUE) == settings_of_kind(config.REFUSED) | settings_of_kind(config.INIT_ONLY)

@@ -114,7 +114,7 @@ def older_run(folder, cfg: TrainConfig, drop: tuple[str, ...]) -> str:
     return str(folder)
 
 
-@pytest.mark.parametrize("setting", ["value_embeds", "x0_scalars", "attn_window", "optimizer"])
+@pytest.mark.parametrize("setting", ["value_embeds", "x0_scalars", "attn_window", "optimizer", "smear", "backout"])
 def test_a_setting_newer_than_the_run_is_read_as_its_default_on_autoresume(tmp_path, setting):
     """A run begun before a setting existed ran with its default: resumed with it changed, the refusal is one line
     (not a failure later, when the checkpoint's weights do not fit); resumed with the default, nothing is said."""

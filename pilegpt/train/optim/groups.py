@@ -34,8 +34,9 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig, fused: bool = False) -> 
     run's Muon options, or torch.optim.AdamW (fused on GPU)."""
     groups = param_groups(model, cfg)
     if cfg.optimizer == "muon":
-        return Muon(groups, betas=(cfg.beta1, cfg.beta2),
-                    **{key: getattr(cfg, setting) for setting, (key, _) in MUON_OPTIONS.items()})
+        options = {key: getattr(cfg, setting) for setting, (key, _) in MUON_OPTIONS.items()}
+        options["wd_cosine"] = cfg.max_batches() if cfg.muon_wd_cosine else 0  # Muon's decay falls to 0 by the end
+        return Muon(groups, betas=(cfg.beta1, cfg.beta2), **options)
     return torch.optim.AdamW(groups, lr=cfg.adamw_lr(), betas=(cfg.beta1, cfg.beta2), fused=fused)
 
 
@@ -49,7 +50,8 @@ def param_groups(model: nn.Module, cfg: TrainConfig) -> list[dict]:
     if cfg.optimizer == "muon":
         hidden = {id(p) for p in hidden_matrices(model, params)}
         rest = [p for p in params if id(p) not in hidden]
-        groups = [dict(params=[p for p in params if id(p) in hidden], lr=cfg.muon_lr, weight_decay=wd, muon=True),
+        muon_wd = wd if cfg.muon_weight_decay is None else cfg.muon_weight_decay  # AdamW's groups keep weight_decay
+        groups = [dict(params=[p for p in params if id(p) in hidden], lr=cfg.muon_lr, weight_decay=muon_wd, muon=True),
                   dict(params=decayed(rest), lr=cfg.adamw_lr(), weight_decay=wd),
                   dict(params=kept(rest), lr=cfg.adamw_lr(), weight_decay=0.0)]
     elif hasattr(model, "optim_groups"):  # a custom model's own AdamW groups (model_contract.py)
@@ -66,13 +68,15 @@ def param_groups(model: nn.Module, cfg: TrainConfig) -> list[dict]:
 
 def part_params(model: nn.Module, setting: str) -> list[nn.Parameter]:
     """The parameters the rate `setting` gives: embedding_lr every embedding table (the tied matrix once), head_lr the
-    untied output head; what the model says (model.py's GPT.param_parts()), else every nn.Embedding's table and
-    `lm_head.weight`."""
-    part = "head" if setting == "head_lr" else "embedding"
+    untied output head, scalar_lr the scalars that mix other streams into the residual; what the model says
+    (model.py's GPT.param_parts()), else every nn.Embedding's table, `lm_head.weight` and no scalars."""
+    part = {"embedding_lr": "embedding", "head_lr": "head", "scalar_lr": "scalars"}[setting]
     if callable(getattr(model, "param_parts", None)):
         return list(model.param_parts().get(part, []))
     if part == "head":
         return [model.lm_head.weight]
+    if part == "scalars":  # model.py's GPT says which (a model without param_parts() has none)
+        return []
     tables = [m.weight for m in model.modules() if isinstance(m, nn.Embedding) and m.weight.requires_grad]
     return list({id(p): p for p in tables}.values())
 
@@ -101,12 +105,12 @@ def with_part_rates(groups: list[dict], model: nn.Module, cfg: TrainConfig) -> l
 
 
 def group_peak(cfg: TrainConfig, group: dict) -> float:
-    """A parameter group's peak learning rate: Muon's muon_lr, a part's its own rate, AdamW's others adamw_lr() (both
-    times lr_base_width's factor)."""
+    """A parameter group's peak learning rate: Muon's muon_lr, a part's its own rate (times lr_base_width's factor,
+    scalar_lr's excepted), AdamW's others adamw_lr()."""
     if group.get("muon"):
         return cfg.muon_lr
     setting: Optional[str] = group.get("part_rate")
-    return (getattr(cfg, setting) if setting else cfg.learning_rate) * cfg.width_scale()
+    return getattr(cfg, setting) * cfg.part_scale(setting) if setting else cfg.adamw_lr()
 
 
 def hidden_matrices(model: nn.Module, params: list[nn.Parameter]) -> list[nn.Parameter]:

@@ -5,6 +5,7 @@ torch.optim.AdamW's exact step. Pure PyTorch; details in docs/training.md."""
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 from torch.optim.adamw import adamw
@@ -64,6 +65,14 @@ def warmed_momentum(group: dict, step: int | None) -> float:
     return MOMENTUM_START + frac * (m - MOMENTUM_START) if m > MOMENTUM_START else m
 
 
+def decayed(group: dict, step: int | None) -> float:
+    """The group's weight decay at a parameter's step under wd_cosine (off, or no step count: as set)."""
+    steps, decay = group.get("wd_cosine", 0), group["weight_decay"]
+    if not steps or step is None:
+        return decay
+    return decay * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - 1) / steps)))
+
+
 def neuron_update(update: torch.Tensor, state: dict, beta2: float) -> torch.Tensor:
     """NorMuon's step (Li et al. 2025): each row of the orthogonalised update (an output neuron of nn.Linear's
     (out, in) weight) divided by the root of an EMA (beta2) of its mean square, kept in state["neuron_sq"]; the
@@ -100,14 +109,15 @@ class Muon(torch.optim.Optimizer):
     steps (modded-nanogpt's); cautious_wd: Muon's weight decay only where the update moves the weight towards 0
     as the decay does (sign(update) = sign(weight); Chen et al. 2025, "Cautious Weight Decay"); normuon: the
     orthogonalised update's rows (output neurons) evened out by their second moment (neuron_update); polar_express:
-    orthogonalize's Polar Express coefficients."""
+    orthogonalize's Polar Express coefficients; wd_cosine > 0: Muon's weight decay falls as a cosine from its value
+    to 0 over that many of its steps (nanochat's), then stays 0."""
 
     def __init__(self, params, lr: float = 0.02, momentum: float = 0.95, betas: tuple[float, float] = (0.9, 0.95),
                  eps: float = 1e-8, weight_decay: float = 0.0, fused: bool = True, momentum_warmup: int = 0,
-                 cautious_wd: bool = False, normuon: bool = False, polar_express: bool = False):
+                 cautious_wd: bool = False, normuon: bool = False, polar_express: bool = False, wd_cosine: int = 0):
         defaults = dict(lr=lr, momentum=momentum, betas=betas, eps=eps, weight_decay=weight_decay, muon=False,
                         fused=fused, momentum_warmup=momentum_warmup, cautious_wd=cautious_wd, normuon=normuon,
-                        polar_express=polar_express)
+                        polar_express=polar_express, wd_cosine=wd_cosine)
         super().__init__(params, defaults)
         self._steps: dict = {}  # parameter -> its Muon step count as a Python int (None: not counted)
         self.register_load_state_dict_post_hook(Muon._read_steps)
@@ -189,13 +199,17 @@ class Muon(torch.optim.Optimizer):
 
     def _apply(self, group: dict, params: list, updates: list) -> None:
         """p <- p (1 - lr decay) - lr scale update, as foreach ops over each shape's params (cautious_wd: the decay
-        only where the update also pulls the weight to 0)."""
-        lr, decay = group["lr"], group["weight_decay"]
-        if group.get("cautious_wd") and decay:  # mask = 1 where update * p > 0, else 0
-            masks = torch._foreach_clamp_min(torch._foreach_sign(torch._foreach_mul(updates, params)), 0.0)
-            torch._foreach_add_(params, torch._foreach_mul(params, masks), alpha=-lr * decay)
-        else:
-            torch._foreach_mul_(params, 1 - lr * decay)
+        only where the update also pulls the weight to 0; wd_cosine: the decay at each param's step)."""
+        lr, by_decay = group["lr"], {}
+        for i, p in enumerate(params):
+            by_decay.setdefault(decayed(group, self._steps.get(p)), []).append(i)
+        for decay, indices in by_decay.items():
+            ps, us = [params[i] for i in indices], [updates[i] for i in indices]
+            if group.get("cautious_wd") and decay:  # mask = 1 where update * p > 0, else 0
+                masks = torch._foreach_clamp_min(torch._foreach_sign(torch._foreach_mul(us, ps)), 0.0)
+                torch._foreach_add_(ps, torch._foreach_mul(ps, masks), alpha=-lr * decay)
+            else:
+                torch._foreach_mul_(ps, 1 - lr * decay)
         for indices in by_shape(params).values():
             # An m x n semi-orthogonal matrix has RMS 1/sqrt(max(m, n)); times sqrt(max(1, m/n)) every update has
             # RMS 1/sqrt(n), n = the fan-in (nn.Linear's weight is (out, in)), so one lr suits every shape.
