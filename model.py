@@ -165,7 +165,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim)) if gain else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (self.dim,), self.weight, self.eps)
+        # the gain in x's dtype: under bf16 autocast an fp32 gain beside bf16 activations takes the unfused path
+        weight = None if self.weight is None else self.weight.to(x.dtype)
+        return F.rms_norm(x, (self.dim,), weight, self.eps)
 
 
 def make_norm(config: GPTConfig, dim: int) -> nn.Module:
@@ -183,10 +185,11 @@ def rope_tables(head_size: int, length: int, theta: float) -> tuple[torch.Tensor
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate x (B, T, nh, hs) by position: channel i and i + hs/2 form a pair (a, b) that turns by angle θ,
-    (a, b) -> (a cos θ - b sin θ, b cos θ + a sin θ): Llama's (and Hugging Face's) layout of the pairs."""
-    a, b = x.float().chunk(2, dim=-1)
-    cos, sin = cos[None, :, None, :], sin[None, :, None, :]  # (1, T, 1, hs/2) against (B, T, nh, hs/2)
-    return torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1).type_as(x)
+    (a, b) -> (a cos θ - b sin θ, b cos θ + a sin θ): Llama's (and Hugging Face's) layout of the pairs. Computed in
+    x's dtype (bf16 under autocast, as nanochat does): the fp32 tables are cast, (T, hs/2) each, not x upcast."""
+    a, b = x.chunk(2, dim=-1)
+    cos, sin = cos.to(x.dtype)[None, :, None, :], sin.to(x.dtype)[None, :, None, :]  # (1, T, 1, hs/2)
+    return torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)
 
 
 class CausalSelfAttention(nn.Module):

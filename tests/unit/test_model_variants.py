@@ -358,3 +358,22 @@ def test_a_short_window_attends_to_the_last_attn_window_tokens_only():
     y = (scores.softmax(-1) @ v).transpose(1, 2).reshape(2, 16, 32)
     torch.testing.assert_close(attn(a, mixed_rope(windowed), None, window_mask(16, 3, x.device)), attn.c_proj(y))
     torch.testing.assert_close(windowed.transformer.h[1](a), plain.transformer.h[1](a))  # the long block: causal
+
+
+def test_norms_and_rope_compute_in_the_activations_dtype_under_bf16():
+    """No fp32 fallback beside bf16 activations (issue 54): RMSNorm's fp32 gain and RoPE's fp32 tables are cast to
+    the input's dtype, so bf16 in is bf16 out, equal within bf16's rounding to the fp32 computation; in fp32 nothing
+    is cast (the golden losses stay as they are)."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 3, 8)  # (B, T, nh, hs)
+    cos, sin = rope_tables(8, 5, 10000.0)
+    norm = RMSNorm(8)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    for fn in (lambda t: apply_rope(t, cos, sin), norm):
+        exact, low = fn(x), fn(x.bfloat16())
+        assert exact.dtype == torch.float32 and low.dtype == torch.bfloat16
+        torch.testing.assert_close(low.float(), exact, rtol=2e-2, atol=2e-2)
+    a, b = x.chunk(2, dim=-1)  # RoPE by its formula, in fp32
+    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    assert torch.equal(apply_rope(x, cos, sin), torch.cat((a * c - b * s, b * c + a * s), dim=-1))
