@@ -158,6 +158,12 @@ def test_a_run_s_config_json_with_a_removed_setting_resumes_at_its_default_and_i
                                     "ac879ff")
 
 
+def test_a_report_of_a_run_from_before_a_removed_setting_shows_it_when_it_was_on():
+    settings = {**TrainConfig(data_dir="d").__dict__, "attn_window": 256, "zero_init_proj": False}
+    assert [(k, v, d) for k, v, d in run_report.changed_settings(settings) if k != "data_dir"] == [
+        ("attn_window", 256, 0)]
+
+
 def with_model_args(path, payload: dict, model_args: dict) -> str:
     """The checkpoint file `payload` (an export, or a Composer checkpoint's shape) with these model_args, at path."""
     import torch
