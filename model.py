@@ -4,8 +4,8 @@ Importable alone (no Composer). The default architecture and parameter names are
 one to one onto OpenAI's GPT-2 weights (transformer.wte, transformer.wpe, transformer.h.N.ln_1,
 .attn.c_attn, .attn.c_proj, .ln_2, .mlp.c_fc, .mlp.c_proj, transformer.ln_f, lm_head). GPTConfig's
 architecture fields switch in RoPE, RMSNorm, ReLU² or SwiGLU, grouped-query attention, QK-norm, an untied
-head, a logit softcap, per-block residual and x0 scalars, gated value embeddings, short attention windows on
-three blocks in four, and nanochat's parameter-free RMSNorm, normed embeddings, smear gate, backout and q/k scale
+head, a logit softcap, per-block residual and x0 scalars, gated value embeddings, and nanochat's parameter-free
+RMSNorm, normed embeddings, smear gate, backout and q/k scale
 (docs/training.md#architecture).
 
     from model import GPT, GPTConfig
@@ -49,7 +49,6 @@ class GPTConfig:
     logit_softcap: float = 0.0  # logits = softcap * tanh(logits / softcap); 0 = off
     x0_scalars: bool = False  # before block i: x = resid_lambdas[i] * x + x0_lambdas[i] * x0 (learned, from 1 and 0)
     value_embeds: bool = False  # alternating layers (the last too) add a gated token embedding of their own to v
-    attn_window: int = 0  # > 0: blocks attend to the last attn_window tokens, but every 4th and the last (all of them)
     embed_norm: bool = False  # the token embeddings RMS-normalised (no gain) before anything else sees them
     smear: bool = False  # each position adds a gated share of the previous token's embedding to its own (bigrams)
     backout: bool = False  # the final norm reads x - backout_lambda * (the residual after block n_layer // 2)
@@ -91,10 +90,6 @@ class GPTConfig:
         if not 1 <= self.rope_theta < math.inf:  # inf: every pair but the first never turns; < 1: the speeds overflow
             raise ValueError(f"GPTConfig.rope_theta must be finite and >= 1 (RoPE's base; 10000 is usual), got "
                              f"{self.rope_theta!r}")
-        window = self.attn_window
-        if isinstance(window, bool) or not isinstance(window, int) or window < 0:
-            raise ValueError(f"GPTConfig.attn_window must be a whole number of tokens >= 0 (0 = every layer sees the "
-                             f"whole context), got {window!r}")
         cap = self.logit_softcap
         if not (isinstance(cap, (int, float)) and not isinstance(cap, bool) and cap >= 0):
             raise ValueError(f"GPTConfig.logit_softcap must be a number >= 0 (0 = off), got {cap!r}")
@@ -121,20 +116,6 @@ def has_value_embed(layer: int, n_layer: int) -> bool:
     """value_embeds: whether block `layer` has one. Every other block, counted back from the last, which always has
     one (nanochat's choice; modded-nanogpt puts its few at the first and last blocks)."""
     return layer % 2 == (n_layer - 1) % 2
-
-
-def has_short_window(layer: int, config: GPTConfig) -> bool:
-    """attn_window: whether block `layer` attends to a short window. nanochat's pattern "SSSL" (short, short, short,
-    long) repeated from the first block, the last block always long: it sees the whole context."""
-    return config.attn_window > 0 and layer % 4 != 3 and layer != config.n_layer - 1
-
-
-def window_mask(length: int, window: int, device: torch.device) -> torch.Tensor:
-    """(length, length) bool, True where query i may attend to key j: the last `window` tokens up to i, j <= i and
-    i - j < window (so a query sees itself and window - 1 tokens before it)."""
-    i = torch.arange(length, device=device)
-    gap = i[:, None] - i[None, :]
-    return (gap >= 0) & (gap < window)
 
 
 VE_GATE_CHANNELS = 32  # value_embeds: the gate reads the first 32 channels of the block's normed input
@@ -196,8 +177,7 @@ class CausalSelfAttention(nn.Module):
     """Causal multi-head attention; with n_kv_head < n_head, groups of n_head/n_kv_head query heads share one
     key/value head (grouped-query attention). With a value embedding ve (value_embeds; ResFormer's value residual,
     as nanochat has it): v <- v + gate * ve, one gate in (0, 2) per key/value head and token, 2 sigmoid(ve_gate(x)),
-    read from x's first VE_GATE_CHANNELS channels; ve_gate starts at 0, so every gate starts at 1. With a window mask
-    (attn_window's short blocks) each query sees only the keys the mask allows, not every earlier one."""
+    read from x's first VE_GATE_CHANNELS channels; ve_gate starts at 0, so every gate starts at 1."""
 
     def __init__(self, config: GPTConfig, value_embed: bool = False):
         super().__init__()
@@ -215,7 +195,7 @@ class CausalSelfAttention(nn.Module):
             self.ve_gate = nn.Linear(min(VE_GATE_CHANNELS, config.n_embd), self.n_kv_head, bias=False)
 
     def forward(self, x: torch.Tensor, rope: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
-                ve: Optional[torch.Tensor] = None, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+                ve: Optional[torch.Tensor] = None) -> torch.Tensor:
         B, T, C = x.size()
         kv_dim = self.n_kv_head * self.head_size
         q, k, v = self.c_attn(x).split([C, kv_dim, kv_dim], dim=2)
@@ -233,11 +213,10 @@ class CausalSelfAttention(nn.Module):
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         # (B, T, nh, hs) -> (B, nh, T, hs): heads become a batch dimension
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        # Causal mask inside the kernel: flash / memory-efficient attention on GPU, no (T, T) mask tensor. A short
-        # window's (T, T) mask rules flash attention out (it takes no mask): another kernel computes every score.
+        # Causal mask inside the kernel: flash / memory-efficient attention on GPU, no (T, T) mask tensor.
         # enable_gqa: key/value head j serves query heads j*g .. j*g+g-1 (g = n_head / n_kv_head).
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
-                                           is_causal=mask is None, enable_gqa=self.n_kv_head != self.n_head)
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True,
+                                           enable_gqa=self.n_kv_head != self.n_head)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble heads side by side
         return self.resid_dropout(self.c_proj(y))
 
@@ -278,8 +257,8 @@ class Block(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x: torch.Tensor, rope: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
-                ve: Optional[torch.Tensor] = None, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), rope, ve, mask)
+                ve: Optional[torch.Tensor] = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), rope, ve)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -359,13 +338,11 @@ class GPT(nn.Module):
             x = torch.cat([x[:, :1], x[:, 1:] + gate * x[:, :-1]], dim=1)  # gate: (B, T-1, 1)
         x = x0 = self.transformer.drop(x)
         value_embeds = self.value_embeds if self.config.value_embeds else {}  # block index (str) -> its table
-        window = self.config.attn_window
-        mask = window_mask(T, window, idx.device) if 0 < window < T else None  # else a short window holds all T
         for i, block in enumerate(self.transformer.h):
             if self.config.x0_scalars:
                 x = self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
             ve = value_embeds[str(i)](idx) if str(i) in value_embeds else None
-            x = block(x, rope, ve, mask if has_short_window(i, self.config) else None)
+            x = block(x, rope, ve)
             if self.config.backout and i == self.config.n_layer // 2:
                 middle = x
         if self.config.backout:

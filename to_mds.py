@@ -14,8 +14,6 @@ Usage:
     # nanoGPT-style random windows instead (train split only; val stays sequential)
     python to_mds.py --bin data/shakespeare --out mds/rand --block-size 256 --sampling random \\
         --num-samples 100000 --seed 1337
-    # document-aligned rows (train.py's doc_aligned=True, written ahead): train split only
-    python to_mds.py --bin data/pile --out mds/pile_aligned --block-size 1024 --sampling doc_aligned
     # prepare_data --by-subset's folder: one MDS root per component, OUT/<name>/train, OUT/<name>/val
     python to_mds.py --bin data/pile_by_subset --out mds/pile_by_subset --block-size 1024
     # check an existing dataset against its .bin (every sample, every token)
@@ -78,11 +76,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--verify", action="store_true",
                    help="read the dataset back with StreamingDataset and compare every token with the .bin; "
                         "on an existing dataset (without --overwrite) only verify")
-    p.add_argument("--sampling", choices=("sequential", "random", "doc_aligned"), default="sequential",
+    p.add_argument("--sampling", choices=("sequential", "random"), default="sequential",
                    help="sequential: consecutive windows covering every token once (default); "
-                        "random: nanoGPT-style random offsets (train split only); doc_aligned: rows that start at "
-                        "a document's first token, documents packed best-fit (train split only; train.py's "
-                        "doc_aligned=True)")
+                        "random: nanoGPT-style random offsets (train split only)")
     p.add_argument("--num-samples", type=int, help="number of samples with --sampling random")
     p.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed of --sampling random")
     p.add_argument("--dtype", help=f"token dtype of a bare .bin without meta.json ({', '.join(TOKEN_DTYPES)})")

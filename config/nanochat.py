@@ -17,9 +17,11 @@
 # - the value-embedding gate: 3 sigmoid(.) read from 12 channels (model.py's: 2 sigmoid(.) from 32, kept so that
 #   checkpoints with value_embeds still load).
 # - short attention windows: nanochat's short window is a quarter of the context rounded up to 128 tokens, the whole
-#   context at block_size 128; for 1024-token contexts add --attn_window=256 (a mask: slower on GPU, unmeasured).
+#   context at block_size 128. Not built here: attn_window was removed after ac879ff (within noise on the size
+#   ladder, and a mask to SDPA saves nothing: docs/performance.md#short-attention-windows).
 # - its rates and weight decay rescaled by batch size and run length (its training script's rules), its BOS-aligned
-#   best-fit packing (doc_aligned=True is this repo's: within noise on the size ladder, so off), bf16 embeddings.
+#   best-fit packing (not built here: doc_aligned was removed after ac879ff, within noise on the size ladder and on
+#   short documents: docs/performance.md#document-aligned-batches), bf16 embeddings.
 # export_hf.py refuses this model (no Hugging Face class computes smear, backout or value embeddings); sample.py and
 # eval.py use it as it is.
 import os

@@ -1,12 +1,11 @@
 """The data contract between the stages, one definition of each thing two of them must agree on: meta.json (`Meta`)
 beside train.bin / val.bin, a dataset prepared by component (`subset_folder`, subsets.json), the x/y window
-(sample i = tokens[i*T : i*T+T+1], x its first T, y its last T), the document-aligned row (`pack_rows`), and
-the MDS layout (columns x and y, index.json written last, to_mds.json, one dataset per split folder, the shard
-names an index may list). numpy only. Details: docs/prepare.md and docs/mds-and-s3.md."""
+(sample i = tokens[i*T : i*T+T+1], x its first T, y its last T), and the MDS layout (columns x and y, index.json
+written last, to_mds.json, one dataset per split folder, the shard names an index may list). numpy only.
+Details: docs/prepare.md and docs/mds-and-s3.md."""
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 import json
 import os
@@ -225,16 +224,13 @@ def ids_outside(arr: np.ndarray, vocab_size: int) -> Optional[np.ndarray]:
     return (arr >= limit) | (arr < 0) if below else arr >= limit
 
 
-def check_token_range(x: np.ndarray, y: np.ndarray, starts: np.ndarray, path, vocab_size: int,
-                      positions: Optional[np.ndarray] = None) -> None:
-    """UserError naming the first token id outside [0, vocab_size) in these windows (x, plus y's last token), or
-    in these rows of `positions` (aligned_positions: (K, T+1) positions in the .bin) when given."""
+def check_token_range(x: np.ndarray, y: np.ndarray, starts: np.ndarray, path, vocab_size: int) -> None:
+    """UserError naming the first token id outside [0, vocab_size) in these windows (x, plus y's last token)."""
     for arr, shift in ((x, 0), (y[:, -1:], x.shape[1])):
         bad = ids_outside(arr, vocab_size)
         if bad is not None and bad.any():
             k, j = np.argwhere(bad)[0]
-            at = positions[k, j + shift] if positions is not None else starts[k] + j + shift
-            raise UserError(f"{path}: token id {arr[k, j]} at position {at} is out of range "
+            raise UserError(f"{path}: token id {arr[k, j]} at position {starts[k] + j + shift} is out of range "
                             f"for vocab_size {vocab_size}; was the .bin written with another tokenizer? re-run "
                             f"prepare_data.py (or pass the right --vocab-size for a bare .bin)")
 
@@ -242,99 +238,6 @@ def check_token_range(x: np.ndarray, y: np.ndarray, starts: np.ndarray, path, vo
 def mds_columns(dtype: str, block_size: int) -> dict[str, str]:
     """The MDS columns of a dataset of T-token samples: x and y, fixed-size arrays of the .bin's dtype."""
     return {"x": f"ndarray:{dtype}:{block_size}", "y": f"ndarray:{dtype}:{block_size}"}
-
-
-# ----------------------------------------------------------------------------------------------------------
-# The document-aligned row: train.py's doc_aligned=True reads .bin data as rows of T+1 tokens that start at a
-# document's first token where they can, packed block by block so that row i is found without any index
-
-ALIGN_ROWS = 32  # rows packed together: block b of a .bin is its tokens [b*ALIGN_ROWS*(T+1), (b+1)*ALIGN_ROWS*(T+1))
-
-
-def num_aligned_rows(n_tokens: int, block_size: int) -> int:
-    """Rows of block_size+1 tokens in n_tokens (rows share no token; the last n_tokens mod (T+1) are left out)."""
-    return max(0, n_tokens // (block_size + 1))
-
-
-def aligned_block(row: int, n_rows: int, block_size: int) -> tuple[int, int, int]:
-    """(first token, rows, row within it) of the block that holds row `row` of a .bin's n_rows."""
-    b, k = divmod(row, ALIGN_ROWS)
-    return b * ALIGN_ROWS * (block_size + 1), min(ALIGN_ROWS, n_rows - b * ALIGN_ROWS), k
-
-
-def pack_rows(tokens: np.ndarray, eot: int, block_size: int) -> np.ndarray:
-    """The rows of one block of R*(T+1) tokens, as an (R, T+1) array of positions into `tokens`; row x = its first T
-    tokens, y its last T. The block is cut after every eot into documents (the first may continue one of the block
-    before, the last be cut at the block's end), a document longer than T+1 into pieces of T+1 from its first token
-    (the rest a last, shorter piece), and the pieces are packed best-fit, longest first: each goes to the row with
-    the least room that holds it (the lowest row of equals); in a row, the pieces that start a document come first.
-    Pieces no row holds fill the rooms left, in the block's order, row by row, split where a room ends. Every token
-    of the block is in one row, once; a row starts at a document's first token unless all it holds continues long
-    documents or fills a room. A pure function of (tokens, eot, T): the same rows on every rank, run and resume."""
-    W = block_size + 1
-    n = len(tokens)
-    if n % W:
-        raise ValueError(f"a block of {n} tokens is not a number of rows of block_size+1 = {W}")
-    ends = np.flatnonzero(np.asarray(tokens) == eot) + 1
-    bounds = np.unique(np.concatenate(([0], ends, [n])))
-    starts, stops = bounds[:-1], bounds[1:]
-    count = -(-(stops - starts) // W)  # pieces per document
-    nth = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
-    first = np.repeat(starts, count) + W * nth
-    length = np.minimum(np.repeat(stops, count) - first, W)
-    starts_doc = np.zeros(n + 1, dtype=bool)
-    starts_doc[starts] = True
-    rows: list[list[np.ndarray]] = [[] for _ in range(n // W)]
-    room = [(W, r) for r in range(n // W)]  # (room left, row), sorted: bisect finds the best fit
-    left = []
-    for p in np.argsort(-length, kind="stable").tolist():
-        size = int(length[p])
-        j = bisect.bisect_left(room, (size, -1))
-        if j == len(room):
-            left.append(p)
-            continue
-        free, r = room.pop(j)
-        rows[r].append(np.arange(first[p], first[p] + size))
-        if free > size:
-            bisect.insort(room, (free - size, r))
-    rest = np.concatenate([np.arange(first[p], first[p] + length[p]) for p in sorted(left)] or [np.zeros(0, int)])
-    used = 0
-    for row in rows:
-        gap = W - sum(len(a) for a in row)
-        row.sort(key=lambda a: not starts_doc[a[0]])  # a document's first piece first: the row starts at it
-        row.append(rest[used:used + gap])
-        used += gap
-    return np.concatenate([a for row in rows for a in row] or [np.zeros(0, int)]).astype(np.int64).reshape(-1, W)
-
-
-def block_positions(tokens: np.ndarray, start: int, rows: int, block_size: int, eot: int) -> np.ndarray:
-    """(rows, T+1) positions in the .bin of the rows of the block that starts at token `start` (aligned_block)."""
-    return start + pack_rows(np.asarray(tokens[start:start + rows * (block_size + 1)]), eot, block_size)
-
-
-def read_rows(tokens: np.ndarray, positions: np.ndarray, path, vocab_size: Optional[int] = None
-              ) -> tuple[np.ndarray, np.ndarray]:
-    """x, y of the document-aligned rows at `positions` ((K, T+1) positions in the .bin `tokens`): two (K, T)
-    arrays; with vocab_size, an id outside it is check_token_range's UserError, at its position in the .bin."""
-    rows = np.asarray(tokens[positions])
-    x, y = rows[:, :-1], rows[:, 1:]
-    if vocab_size is not None:
-        check_token_range(x, y, positions[:, 0], path, vocab_size, positions)
-    return x, y
-
-
-def aligned_positions(tokens: np.ndarray, rows: np.ndarray, block_size: int, eot: int) -> np.ndarray:
-    """(K, T+1) positions in the .bin `tokens` of its document-aligned rows `rows`; a row's x is tokens at its first
-    T positions, y at its last T. Consecutive rows of one block pack it once."""
-    n_rows = num_aligned_rows(len(tokens), block_size)
-    out = np.empty((len(rows), block_size + 1), dtype=np.int64)
-    packed = (-1, None)
-    for k, i in enumerate(np.asarray(rows).tolist()):
-        start, count, j = aligned_block(i, n_rows, block_size)
-        if packed[0] != start:
-            packed = (start, block_positions(tokens, start, count, block_size, eot))
-        out[k] = packed[1][j]
-    return out
 
 
 # ----------------------------------------------------------------------------------------------------------

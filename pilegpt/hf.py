@@ -38,12 +38,11 @@ LLAMA_LAYER = {"ln_1.weight": ("input_layernorm.weight",),
 HF_NEEDS = {
     "learned": ("GPT2LMHeadModel needs", dict(norm="layernorm", mlp="gelu", n_kv_head=None, qk_norm=False,
                                               logit_softcap=0.0, x0_scalars=False, value_embeds=False,
-                                              attn_window=0, embed_norm=False, smear=False, backout=False,
-                                              qk_scale=1.0)),
+                                              embed_norm=False, smear=False, backout=False, qk_scale=1.0)),
     "rope": ("LlamaForCausalLM / Qwen3ForCausalLM need", dict(norm="rmsnorm", mlp=("swiglu", "relu2"), bias=False,
                                                                logit_softcap=0.0, x0_scalars=False,
-                                                               value_embeds=False, attn_window=0, embed_norm=False,
-                                                               smear=False, backout=False, qk_scale=1.0)),
+                                                               value_embeds=False, embed_norm=False, smear=False,
+                                                               backout=False, qk_scale=1.0)),
 }  # a tuple: any of these values
 HF_ACT = {"swiglu": "silu", "relu2": "relu"}  # Llama's / Qwen3's hidden_act for our MLP
 QK_NORM_LAYER = {"attn.q_norm.weight": ("self_attn.q_norm.weight",), "attn.k_norm.weight": ("self_attn.k_norm.weight",)}

@@ -15,14 +15,15 @@ import numpy as np
 from pilegpt import compat, storage
 from pilegpt.common import UserError
 from pilegpt.data import (
-    ALIGN_ROWS,
     INDEX_NAME,
     TO_MDS_META,
     check_shards_present,
     num_windows,
+    read_windows,
     validation_hash,
 )
-from pilegpt.mds.write import SplitJob, chunks, read_samples, spec_eot, spec_starts
+from pilegpt.mds.write import SplitJob, chunks, spec_starts
+from pilegpt.train.config import removed_setting_error
 
 REBUILD = "re-run to_mds.py with --overwrite to rebuild the dataset"
 
@@ -41,16 +42,14 @@ def load_spec(source: str, client, block_size: Optional[int], job: SplitJob, dty
             spec = json.loads(record)
         except ValueError as e:
             raise UserError(f"{where} is not valid JSON ({e}); {REBUILD}") from None
+        if isinstance(spec, dict) and spec.get("sampling") == "doc_aligned":  # to_mds.py up to ac879ff wrote these
+            raise removed_setting_error("doc_aligned", f"{where} records --sampling doc_aligned rows",
+                                        "re-run to_mds.py without --sampling doc_aligned, or verify it with")
         if not (isinstance(spec, dict) and isinstance(spec.get("block_size"), int)
-                and spec.get("sampling") in ("sequential", "random", "doc_aligned")
-                and isinstance(spec.get("source"), dict) and isinstance(spec["source"].get("tokens"), int)):
+                and spec.get("sampling") in ("sequential", "random") and isinstance(spec.get("source"), dict)
+                and isinstance(spec["source"].get("tokens"), int)):
             raise UserError(f"{where} lacks block_size, sampling or source.tokens, so it was not written by "
                             f"to_mds.py; {REBUILD}")
-        if spec["sampling"] == "doc_aligned" and (spec.get("align_rows") != ALIGN_ROWS or not isinstance(
-                spec.get("eot_token"), int) or not isinstance(spec.get("num_samples"), int)):
-            raise UserError(f"{where} records doc_aligned rows of {spec.get('align_rows')!r} a block (eot_token "
-                            f"{spec.get('eot_token')!r}), which this to_mds.py cannot recompute (it packs "
-                            f"{ALIGN_ROWS} rows a block); {REBUILD}")
     elif block_size is None:
         raise UserError(f"{source} has no {TO_MDS_META}; pass --block-size to verify it")
     else:  # an MDS folder some other tool wrote: assume to_mds's default windows
@@ -86,7 +85,7 @@ def verify_split(source: str, job: SplitJob, spec: dict, dtype: np.dtype, client
     with tempfile.TemporaryDirectory(prefix="to_mds_verify_") as cache:
         ds = open_dataset(source, cache, check)
         try:
-            problem = first_difference(ds, source, tokens, starts, spec["block_size"], job, spec_eot(spec), cache)
+            problem = first_difference(ds, source, tokens, starts, spec["block_size"], job, cache)
         finally:
             del ds  # the dataset lets go of the cache before the cache is removed
     if problem is not None:
@@ -108,9 +107,9 @@ def open_dataset(source: str, cache: str, validate_hash: Optional[str]):
 
 
 def first_difference(ds, source: str, tokens: np.ndarray, starts: np.ndarray, T: int, job: SplitJob,
-                     eot: Optional[int] = None, cache: str = "") -> Optional[str]:
+                     cache: str = "") -> Optional[str]:
     """Compare every sample of `ds` (the dataset at `source`, its shards copied into `cache`) with its window of
-    `tokens` (with eot: its doc_aligned row), in order: the first difference, or None when every token matches."""
+    `tokens`, in order: the first difference, or None when every token matches."""
     from tqdm import tqdm
 
     if ds.num_samples != len(starts):
@@ -118,7 +117,7 @@ def first_difference(ds, source: str, tokens: np.ndarray, starts: np.ndarray, T:
     i = 0
     with tqdm(total=len(starts), unit="sample", unit_scale=True, desc=f"verify {job.name}", disable=None) as bar:
         for part in chunks(starts, T):
-            x, y = read_samples(tokens, part, T, eot, job.bin_path)
+            x, y = read_windows(tokens, part, T)
             for k in range(len(part)):
                 try:
                     sample = ds[i]

@@ -23,15 +23,11 @@ import numpy as np
 from pilegpt import compat
 from pilegpt.common import UserError
 from pilegpt.data import (
-    ALIGN_ROWS,
     INDEX_NAME,
     TO_MDS_META,
-    aligned_positions,
     check_token_range,
     mds_columns,
-    num_aligned_rows,
     num_windows,
-    read_rows,
     read_windows,
     window_starts,
 )
@@ -50,7 +46,7 @@ class SplitJob:
     bin_path: Path
     n_tokens: int
     sub: str  # subfolder of OUT / --remote holding this dataset ("" when OUT is the dataset itself)
-    sampling: str  # "sequential", "random" or "doc_aligned"
+    sampling: str  # "sequential" or "random"
 
 
 @dataclass
@@ -65,53 +61,26 @@ class WriterSettings:
 def make_spec(job: SplitJob, block_size: int, num_samples: Optional[int], seed: int, dtype: np.dtype, vocab: int,
               info: dict) -> dict:
     """The contents of to_mds.json: everything --verify needs to recompute every sample. `num_samples` and
-    `seed` apply to random sampling; `info` (tokenizer, eot_token) is copied from meta.json. doc_aligned: the
-    samples are data.pack_rows' rows (ALIGN_ROWS rows a block, recorded), which needs meta.json's eot_token."""
+    `seed` apply to random sampling; `info` (tokenizer, eot_token) is copied from meta.json."""
     T = block_size
     if job.n_tokens < T + 1:
         raise UserError(f"{job.bin_path} holds {job.n_tokens} tokens, too few for --block-size {T} (a sample "
                         f"needs {T + 1}); use a smaller --block-size")
-    random, aligned = job.sampling == "random", job.sampling == "doc_aligned"
-    if aligned and "eot_token" not in info:
-        raise UserError(f"--sampling doc_aligned cuts {job.bin_path} into documents at meta.json's eot_token, and "
-                        "this .bin has no meta.json: write it with prepare_data.py, or use --sampling sequential")
-    n_samples = num_samples if random else num_aligned_rows(job.n_tokens, T) if aligned else \
-        num_windows(job.n_tokens, T)
+    random = job.sampling == "random"
+    n_samples = num_samples if random else num_windows(job.n_tokens, T)
     return {
         "version": 1, "block_size": T, "dtype": dtype.name, "vocab_size": vocab, **info,
         "columns": mds_columns(dtype.name, T),
         "sampling": job.sampling, "num_samples": n_samples, "seed": seed if random else None,
-        **({"align_rows": ALIGN_ROWS} if aligned else {}),
         "source": {"file": job.bin_path.name, "tokens": job.n_tokens},
-        "dropped_tail_tokens": 0 if random else job.n_tokens - n_samples * (T + 1) if aligned else
-        job.n_tokens - n_samples * T - 1,
+        "dropped_tail_tokens": 0 if random else job.n_tokens - n_samples * T - 1,
     }
 
 
 def spec_starts(spec: dict, n_tokens: int) -> np.ndarray:
-    """What names each sample, as to_mds.json describes them: its window's start offset (data.window_starts), or
-    for doc_aligned its row number."""
-    if spec["sampling"] == "doc_aligned":
-        return np.arange(spec["num_samples"], dtype=np.int64)
+    """Start offset of every sample's window, as to_mds.json describes them (data.window_starts)."""
     return window_starts(n_tokens, spec["block_size"], spec["sampling"], spec.get("num_samples") or 0,
                          spec.get("seed") or 0)
-
-
-def spec_eot(spec: dict) -> Optional[int]:
-    """The eot_token doc_aligned rows are cut at, or None for windows."""
-    return spec["eot_token"] if spec["sampling"] == "doc_aligned" else None
-
-
-def read_samples(tokens: np.ndarray, part: np.ndarray, T: int, eot: Optional[int], path,
-                 vocab: Optional[int] = None) -> tuple[np.ndarray, np.ndarray]:
-    """x, y of the samples `part` of spec_starts names: windows, or with `eot` doc_aligned rows; with vocab, an id
-    outside the vocabulary is a UserError naming its position in the .bin at `path`."""
-    if eot is not None:
-        return read_rows(tokens, aligned_positions(tokens, part, T, eot), path, vocab)
-    x, y = read_windows(tokens, part, T)
-    if vocab is not None:
-        check_token_range(x, y, part, path, vocab)
-    return x, y
 
 
 def chunks(starts: np.ndarray, T: int) -> Iterator[np.ndarray]:
@@ -142,13 +111,12 @@ class Written:
 class ShardTask:
     """Shard number j of a dataset: everything a process needs to write it (sent to it, so plain data)."""
     j: int
-    starts: np.ndarray  # what names each of its samples, in order (spec_starts: a window's start, or a row)
+    starts: np.ndarray  # the start offset of each of its samples' windows, in order
     bin_path: Path
     dtype: str
     vocab: int
     block_size: int
     writer: dict  # MDSWriter settings: columns, compression, hashes, size_limit
-    eot: Optional[int]  # doc_aligned rows cut at this id (spec_eot), or None: windows
     local: Path  # the dataset folder: the shard is written in local/.shard-j, then moved up as local/shard.j.*
 
 
@@ -178,7 +146,8 @@ def write_shard(task: ShardTask) -> dict:
     writer = window_writer_class()(out=str(part), **task.writer)
     try:
         for c, chunk in enumerate(chunks(task.starts, T)):
-            x, y = read_samples(tokens, chunk, T, task.eot, task.bin_path, task.vocab)
+            x, y = read_windows(tokens, chunk, T)
+            check_token_range(x, y, chunk, task.bin_path, task.vocab)
             xy = np.concatenate((x, y), axis=1)  # (K, 2T): sample k = x[k] then y[k]
             if c == 0:  # Streaming's own encoding of the shard's first sample: the same bytes
                 expected = MDSWriter.encode_sample(writer, {"x": x[0], "y": y[0]})
@@ -244,7 +213,7 @@ def write_split(job: SplitJob, spec: dict, local: Path, settings: WriterSettings
                         f"({encoded + sample_extra + shard_extra} bytes with --block-size {T}); raise it")
     n_shards = -(-len(starts) // per_shard)
     tasks = (ShardTask(j, starts[j * per_shard:(j + 1) * per_shard], job.bin_path, dtype.name, spec["vocab_size"],
-                       T, writer, spec_eot(spec), local) for j in range(n_shards))
+                       T, writer, local) for j in range(n_shards))
     n_proc = min(num_proc, n_shards)
     pool = None
     if n_proc > 1:  # fork: the processes start at once with Streaming imported (a fresh interpreter takes seconds);

@@ -13,11 +13,11 @@ from pilegpt.common import UserError
 
 # GPTConfig's fields, but dropout: a run's checkpoints hold this model
 ARCH_FIELDS = ("pos_emb", "rope_theta", "norm", "mlp", "n_kv_head", "qk_norm", "tie_embeddings", "logit_softcap",
-               "x0_scalars", "value_embeds", "attn_window", "embed_norm", "smear", "backout", "qk_scale")
+               "x0_scalars", "value_embeds", "embed_norm", "smear", "backout", "qk_scale")
 SHAPE_FIELDS = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "bias", *ARCH_FIELDS)
 CUSTOM_MODEL_FIELDS = ("model_class", "model_args")  # your own model instead of the GPT (model_contract.py)
 # settings that shape nothing of a model_class
-GPT_ONLY_FIELDS = ("n_layer", "n_head", "n_embd", "bias", *ARCH_FIELDS, "dropout", "zero_init_proj", "weight_init")
+GPT_ONLY_FIELDS = ("n_layer", "n_head", "n_embd", "bias", *ARCH_FIELDS, "dropout", "weight_init")
 MAX_LR = 1e6  # the largest learning rate of any kind a run accepts
 # AdamW's rates for parts of the GPT: pilegpt/train/optim/groups.py
 PART_RATES = ("embedding_lr", "head_lr", "scalar_lr")
@@ -29,6 +29,13 @@ MUON_OPTIONS = {"muon_momentum": ("momentum", None), "muon_momentum_warmup": ("m
                 "muon_polar_express": ("polar_express", False), "muon_wd_cosine": ("wd_cosine", 0)}
 MUON_SETTINGS = ("muon_lr", *MUON_OPTIONS, "muon_weight_decay")  # what optimizer="adamw" leaves unused
 DATA_KEYS = ("data_dir", "data_remote", "data_mix")  # three ways to name the data: one per run
+
+# The settings taken out (issue 52: no preset, export or measurement needed them): name -> (its default, the last
+# commit that had it). Wherever a setting is read back (a config file, --key=value, a run's config.json, a checkpoint's
+# model_args) one at its default reads as before, without it; any other value is one line (drop_removed).
+REMOVED_SETTINGS = {"attn_window": (0, "ac879ff"), "zero_init_proj": (False, "ac879ff"),
+                    "doc_aligned": (False, "ac879ff")}
+REMOVED_WHY = "no preset used it; docs/performance.md has its measurement"
 
 # What a setting changed on autoresume does: one row per TrainConfig setting, (kind, rule). run/folder.py's checks
 # before training read it, and tests/unit/test_config.py walks it (a setting without a row fails). The kinds:
@@ -44,9 +51,9 @@ ON_RESUME = {
     "optimizer": (REFUSED, "another optimizer"),  # its state is another optimizer's
     "seed": (REFUSED, "another seed, which orders the data (a new one mid-epoch repeats and skips samples)"),
     "dropout": (USED, "a probability at each training step"),
-    **dict.fromkeys(("zero_init_proj", "weight_init", "init_from"),
+    **dict.fromkeys(("weight_init", "init_from"),
                     (INIT_ONLY, "the weights come from the checkpoint")),
-    **dict.fromkeys(("data_dir", "data_remote", "data_mix", "data_format", "doc_aligned"),
+    **dict.fromkeys(("data_dir", "data_remote", "data_mix", "data_format"),
                     (DATA, "the data's content and its rows, not where it lies (a moved copy resumes)")),
     "num_canonical_nodes": (DATA, "data.json's fixes the MDS sample order: another is refused, None takes it"),
     **dict.fromkeys(("data_local", "num_workers"), (USED, "where and how the same samples are read")),
@@ -93,12 +100,10 @@ class TrainConfig:
     logit_softcap: float = 0.0  # logits = softcap * tanh(logits / softcap); 0 = off
     x0_scalars: bool = False  # learned per-block scalars: x = resid_lambdas[i] * x + x0_lambdas[i] * x0 (embeddings)
     value_embeds: bool = False  # gated token tables added to v on every other block, the last too (nanochat)
-    attn_window: int = 0  # > 0: blocks see the last attn_window tokens only, but every 4th and the last see all
     embed_norm: bool = False  # the token embeddings RMS-normalised (no gain) before the blocks (nanochat)
     smear: bool = False  # each position adds a gated share of the previous token's embedding (nanochat's smear)
     backout: bool = False  # the head reads x minus a learned share of the middle block's residual (nanochat)
     qk_scale: float = 1.0  # q and k times this after QK-norm (nanochat: 1.2, attention scores x 1.44)
-    zero_init_proj: bool = False  # from scratch: the blocks' output projections start at 0 (nanochat, modded-nanogpt)
     weight_init: str = "gpt2"  # from scratch: "gpt2" (N(0, 0.02)) or "nanochat" (its scales: model.nanochat_init)
     init_from: str = "scratch"  # weights: scratch, gpt2(-medium/-large/-xl), a HF GPT-2 folder, a pile-gpt checkpoint
     model_class: str = ""  # your own nn.Module, "package.module:Class" (docs/extending.md); "" = model.py's GPT
@@ -111,7 +116,6 @@ class TrainConfig:
     data_format: str = "auto"  # "auto" (look inside data_dir), "bin" or "mds"
     num_workers: int = 0  # DataLoader worker processes per rank (0 = load in the training process)
     num_canonical_nodes: Optional[int] = None  # MDS sample order (Streaming's); None = the run's first node count
-    doc_aligned: bool = False  # train rows start at a document's first token, documents packed best-fit (data.py)
     # batch
     global_batch_size: int = 480  # sequences per optimizer step over all ranks (x block_size tokens)
     device_train_microbatch_size: Union[int, str] = 12  # sequences per forward/backward per device; "auto" (GPU)
@@ -215,10 +219,6 @@ class TrainConfig:
             self.model_config()
         except ValueError as e:
             errors.append(str(e).replace("GPTConfig.", ""))
-        else:
-            if self.attn_window >= self.block_size:  # every window would hold the whole context: no window at all
-                errors.append(f"attn_window ({self.attn_window}) must be below block_size ({self.block_size}), e.g. "
-                              f"{self.block_size // 2}; 0 lets every layer see the whole context")
         if self.global_batch_size < 1:
             errors.append(f"global_batch_size must be >= 1, got {self.global_batch_size}")
         return errors + self._check_model_class()
@@ -295,9 +295,6 @@ class TrainConfig:
             errors.append(f"min_lr must be in [0, learning_rate={self.learning_rate}], got {self.min_lr}")
         if not self.init_from.strip():
             errors.append("init_from is empty: pass scratch, gpt2, a Hugging Face folder or a pile-gpt checkpoint")
-        elif self.zero_init_proj and self.init_from != "scratch":
-            errors.append(f"zero_init_proj=True sets a new model's output projections to 0, but init_from="
-                          f"{self.init_from} gives the weights: set zero_init_proj=False")
         if self.weight_init not in ("gpt2", "nanochat"):
             errors.append(f"weight_init must be 'gpt2' or 'nanochat', got {self.weight_init!r}")
         elif self.weight_init != "gpt2" and self.init_from != "scratch":
@@ -497,15 +494,12 @@ class TrainConfig:
 
     def initial_gpt(self):
         """model.py's GPT in this shape with a run's initial weights, drawn from torch's generator as the caller seeded
-        it (weight_init="nanochat": nanochat's scales; zero_init_proj: the blocks' output projections at 0);
-        train.py and the plain loop both start here."""
+        it (weight_init="nanochat": nanochat's scales); train.py and the plain loop both start here."""
         from model import GPT
 
         model = GPT(self.model_config())
         if self.weight_init == "nanochat":
             model.nanochat_init()
-        if self.zero_init_proj:
-            model.zero_output_projections()
         return model
 
     def per_rank_batch(self, world_size: int) -> int:
@@ -568,3 +562,26 @@ def config_text(cfg: TrainConfig) -> str:
     settings = used_settings(cfg)
     width = max(len(k) for k in settings)
     return "\n".join(f"  {k:<{width}} = {v!r}" for k, v in settings.items())
+
+
+def at_removed_default(name: str, value: Any) -> bool:
+    """A removed setting's value is its old default (of its type too: attn_window=False is no 0)."""
+    default = REMOVED_SETTINGS[name][0]
+    return type(value) is type(default) and value == default
+
+
+def removed_setting_error(name: str, where: str, fix: str) -> UserError:
+    """The one line for a removed setting given on: `where` it came from ("" for the command line), then what to do
+    instead ("drop --attn_window=256, or train with"), which the commit that still has it ends."""
+    return UserError(f"{where + ': ' if where else ''}{name} was removed after {REMOVED_SETTINGS[name][1]} "
+                     f"({REMOVED_WHY}): {fix} pile-gpt {REMOVED_SETTINGS[name][1]}")
+
+
+def drop_removed(values: dict, where: str, fix: str) -> dict:
+    """`values` (settings or model_args by name) without the removed settings at their defaults; one given on is
+    removed_setting_error's line, `fix` formatted with its name and value ("the run has {name}={value!r}; resume it
+    with")."""
+    for name, value in values.items():
+        if name in REMOVED_SETTINGS and not at_removed_default(name, value):
+            raise removed_setting_error(name, where, fix.format(name=name, value=value))
+    return {k: v for k, v in values.items() if k not in REMOVED_SETTINGS}

@@ -18,7 +18,16 @@ from pathlib import Path
 from typing import Any, Sequence, Union
 
 from pilegpt.common import UserError
-from pilegpt.train.config import ARCH_FIELDS, DATA_KEYS, TrainConfig, setting_default
+from pilegpt.train.config import (
+    ARCH_FIELDS,
+    DATA_KEYS,
+    REMOVED_SETTINGS,
+    TrainConfig,
+    at_removed_default,
+    drop_removed,
+    removed_setting_error,
+    setting_default,
+)
 
 
 def field_types() -> dict[str, Any]:
@@ -156,8 +165,6 @@ def make_config(values: dict[str, Any], source=None) -> TrainConfig:
             raise UserError(f"the config contradicts init_from={values.get('init_from')}: {'; '.join(errors)}: drop "
                             "these settings (the model's shape comes from init_from)")
         values = {**values, **{k: getattr(source, k) for k in MODEL_SHAPE}, "block_size": block_size}
-        if values["attn_window"] >= block_size:  # cropped to a window or less: the short blocks see all of it
-            values["attn_window"] = 0
     try:
         return TrainConfig(**values)
     except ValueError as e:
@@ -202,13 +209,18 @@ def _values_of(arg: str, types_: dict[str, Any]) -> dict[str, Any]:
         if "=" not in arg:
             raise UserError(f"argument {arg}: write --key=value (one argument, no space)")
         key, raw = arg[2:].split("=", 1)
+        if key in REMOVED_SETTINGS:  # at its old default it changes nothing; on, it is one line
+            if at_removed_default(key, parse_cli_value(raw, type(REMOVED_SETTINGS[key][0]))):
+                return {}
+            raise removed_setting_error(key, "", f"drop {arg}, or train with")
         if key not in types_:
             raise unknown_key_error(key, f"argument {arg}")
         return {key: coerce(key, parse_cli_value(raw, types_[key]), f"argument {arg}")}
     if arg.startswith("-"):
         raise UserError(f"unknown option {arg}: settings are --key=value, see `python train.py --help`")
     values = {}
-    for key, value in read_config_file(arg).items():
+    given = drop_removed(read_config_file(arg), f"config file {arg}", "drop {name} = {value!r} from it, or train with")
+    for key, value in given.items():
         if key not in types_:
             raise unknown_key_error(key, f"config file {arg}")
         values[key] = coerce(key, value, f"config file {arg}")

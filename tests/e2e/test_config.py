@@ -23,7 +23,7 @@ AS_MAIN = ("import runpy, sys\nsys.argv = sys.argv[1:]\ntry:\n    runpy.run_path
 def test_a_mistyped_or_ill_typed_setting_is_refused_before_torch_and_composer_are_imported(tmp_path):
     cases = [("--n_layers=3", "unknown config key 'n_layers'; did you mean n_layer?"), ("--n_layer=three", "n_layer"),
              ("--global_batch_size=many", "global_batch_size"), ("--learning_rate=fast", "learning_rate"),
-             ("--lr=1e-3", "unknown config key 'lr'")]
+             ("--lr=1e-3", "unknown config key 'lr'"), ("--attn_window=256", "attn_window was removed after ac879ff")]
     for arg, says in cases:
         code, out = run_command([sys.executable, "-c", AS_MAIN, REPO / "train.py", REPO / "config" / "tiny.py", arg,
                                  f"--data_dir={tmp_path}"], timeout=60)

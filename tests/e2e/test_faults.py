@@ -117,7 +117,7 @@ def test_resuming_with_another_model_shape_is_one_line(random_bin, tmp_path, cap
 
 def test_an_init_only_setting_changed_on_autoresume_is_said_and_kept_and_another_seed_is_refused(random_bin, tmp_path,
                                                                                                   capsys):
-    # zero_init_proj acts when the weights are made, and a resume's come from its checkpoint: it resumed with rc 0 and
+    # weight_init acts when the weights are made, and a resume's come from its checkpoint: it resumed with rc 0 and
     # nothing said, while config.json recorded a value the run never started with; a new seed reorders the data
     run_dir = tmp_path / "run"
     args = [f"--data_dir={random_bin}", *ARGS, f"--save_folder={run_dir}", "--max_duration=3ba"]
@@ -127,13 +127,13 @@ def test_an_init_only_setting_changed_on_autoresume_is_said_and_kept_and_another
     assert main_error(train.main, [*resume, "--seed=7"], capsys, alone=False) == (
         f"error: autoresume: the checkpoints in {run_dir} are of another seed, which orders the data (a new one "
         f"mid-epoch repeats and skips samples): seed=7 (the run has 1337); {fix}")
-    out = train_output([*resume, "--zero_init_proj=True", "--log_interval=2"], capsys)
-    assert (f"note: autoresume: zero_init_proj=True acts only when a run starts (the weights come from the "
-            f"checkpoint): the run keeps zero_init_proj=False, as it started ({run_dir / 'config.json'})"
+    out = train_output([*resume, "--weight_init=nanochat", "--log_interval=2"], capsys)
+    assert (f"note: autoresume: weight_init='nanochat' acts only when a run starts (the weights come from the "
+            f"checkpoint): the run keeps weight_init='gpt2', as it started ({run_dir / 'config.json'})"
             ) in out.splitlines()
     assert "resuming from the checkpoint at batch 3" in out and "done: 3 batches" in out
     saved = json.loads((run_dir / "config.json").read_text())["config"]
-    assert (saved["zero_init_proj"], saved["seed"], saved["log_interval"]) == (False, 1337, 2)  # a used one: the new
+    assert (saved["weight_init"], saved["seed"], saved["log_interval"]) == ("gpt2", 1337, 2)  # a used one: the new
 
 
 def test_resuming_with_another_optimizer_is_one_line_also_without_config_json(random_bin, tmp_path, capsys):

@@ -165,7 +165,7 @@ def test_composer_checkpoints_of_train_py_carry_the_model_shape(scratch_run):
     assert state["_extra_state"] == {"model_args": dict(
         block_size=T, vocab_size=50257, n_layer=2, n_head=2, n_embd=32, dropout=0.0, bias=True, pos_emb="learned",
         rope_theta=10000.0, norm="layernorm", mlp="gelu", n_kv_head=None, qk_norm=False, tie_embeddings=True,
-        logit_softcap=0.0, x0_scalars=False, value_embeds=False, attn_window=0, embed_norm=False, smear=False,
+        logit_softcap=0.0, x0_scalars=False, value_embeds=False, embed_norm=False, smear=False,
         backout=False, qk_scale=1.0)}
     export = torch.load(scratch_run / "model.pt", weights_only=True)["model"]
     assert all(torch.is_tensor(v) for v in export.values()) and not any("extra" in k for k in export)

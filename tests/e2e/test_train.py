@@ -9,7 +9,6 @@ order, optimizer) needs a new file:
 (the test writes it and skips), and the commit that changes it says why.
 """
 
-import hashlib
 import json
 import math
 import os
@@ -29,9 +28,7 @@ from helpers import (
     read_jsonl,
     run_command,
     run_train,
-    shakespeare_docs,
     succeeded,
-    tokenize,
     write_bin,
 )
 from pilegpt.train.data.loaders import mds_cache_dir
@@ -117,9 +114,13 @@ def test_bin_training_with_composer_checkpoints_exports_and_resumes_at_the_same_
     assert exported.config.n_embd == 32
 
     simulate_crash_after(run_dir, keep_batch=3)
+    # a run begun before a setting was removed (config.REMOVED_SETTINGS) records it at its default: it resumes as before
+    saved["config"].update(attn_window=0, zero_init_proj=False, doc_aligned=False)
+    (run_dir / "config.json").write_text(json.dumps(saved))
     capsys.readouterr()
     train.main([*args, "--autoresume=True"])  # the same settings, in this process: what is tested is the resume
     assert_resumed_where_it_stopped(run_dir, capsys.readouterr().out, keep_batch=3, last_batch=6)
+    assert "attn_window" not in json.loads((run_dir / "config.json").read_text())["config"]  # written anew
 
 
 def test_local_mds_training_resumes_the_streaming_position(shakespeare_mds, tmp_path, capsys):
@@ -137,66 +138,6 @@ def test_local_mds_training_resumes_the_streaming_position(shakespeare_mds, tmp_
     capsys.readouterr()
     train.main([*args, "--autoresume=True"])
     assert_resumed_where_it_stopped(run_dir, capsys.readouterr().out, keep_batch=2, last_batch=4)
-
-
-def test_doc_aligned_bin_training_reads_packed_rows_and_resumes_them_exactly(tmp_path, capsys):
-    """doc_aligned=True: the train batches are data.pack_rows' rows (each a row of the .bin's packed blocks), the
-    resume continues on the same rows, a resume that flips the setting is refused in one line, and MDS written by
-    to_mds.py --sampling doc_aligned trains on the same rows."""
-    from pilegpt.common import UserError
-    from pilegpt.data import num_aligned_rows, write_token_files
-    from pilegpt.train.data.bin_reader import BinDataset
-
-    docs = [np.r_[tokenize(d), 50256] for d in shakespeare_docs(600)]  # speeches: ~50 tokens, rows of 33
-    tokens = np.concatenate(docs).astype(np.uint16)
-    write_token_files(tmp_path / "d", {"train": tokens[:-3000], "val": tokens[-3000:]})
-    run_dir = tmp_path / "run"
-    args = [str(REPO / "config" / "tiny.py"), f"--data_dir={tmp_path / 'd'}", *SMALL, "--max_duration=4ba",
-            "--save_interval=2ba", "--eval_interval=4ba", "--eval_subset_num_batches=2", f"--save_folder={run_dir}",
-            callbacks(run_dir), "--device=cpu", "--sample_length=0", "--doc_aligned=True"]
-    capsys.readouterr()
-    train.main(args)
-    assert "no document starts" not in capsys.readouterr().out  # documents to align to: no note
-    rows = BinDataset(str(tmp_path / "d" / "train.bin"), 32, doc_aligned=True)
-    assert len(rows) == num_aligned_rows(len(tokens) - 3000, 32)
-    packed = {hashlib.blake2b(rows[i]["x"].numpy().tobytes(), digest_size=8).hexdigest() for i in range(len(rows))}
-    trained = [h for hashes in fingerprints(run_dir).values() for h in hashes]
-    assert len(trained) == 16 and set(trained) <= packed  # every batch row is a packed row
-    assert json.loads((run_dir / "data.json").read_text())["doc_aligned"] == 32
-
-    simulate_crash_after(run_dir, keep_batch=2)
-    capsys.readouterr()
-    train.main([*args, "--autoresume=True"])
-    assert_resumed_where_it_stopped(run_dir, capsys.readouterr().out, keep_batch=2, last_batch=4)
-    with pytest.raises(UserError, match=r"trained on other data: doc_aligned=False \(the run had True: its train "
-                                        r"samples are other rows of these tokens\)"):
-        train.main([*args, "--autoresume=True", "--doc_aligned=False", "--max_duration=6ba"])
-
-    # the same rows written ahead by to_mds.py --sampling doc_aligned, read through Streaming
-    import to_mds
-
-    mds = tmp_path / "mds"
-    assert to_mds.main(["--bin", str(tmp_path / "d"), "--out", str(mds), "--block-size", "32", "--sampling",
-                        "doc_aligned"]) == 0
-    mds_run = tmp_path / "mds_run"
-    train.main([*args[:1], f"--data_dir={mds}", *args[2:], f"--save_folder={mds_run}", callbacks(mds_run),
-                f"--data_local={tmp_path / 'cache'}", "--max_duration=2ba"])
-    from_mds = [h for hashes in fingerprints(mds_run).values() for h in hashes]
-    assert len(from_mds) == 8 and set(from_mds) <= packed
-
-    # a .bin without document boundaries (eot_token never, or once) has no starts to align rows to: one note says so
-    plain = tokens[tokens != 50256]
-    for name, train_tokens, counted in (("none", plain[:-3000], "0 documents in train.bin (eot_token 50256 never "
-                                                                "occurs"),
-                                        ("one", np.r_[plain[:-3001], 50256], "1 document in train.bin (eot_token "
-                                                                             "50256 occurs once")):
-        write_token_files(tmp_path / name, {"train": train_tokens, "val": plain[-3000:]})
-        capsys.readouterr()
-        train.main([*args[:1], f"--data_dir={tmp_path / name}", *args[2:], f"--save_folder={tmp_path / 'r' / name}",
-                    callbacks(tmp_path / "r" / name), "--max_duration=1ba"])
-        assert (f"note: doc_aligned=True, but {tmp_path / name / 'meta.json'} counts {counted}): no document starts "
-                "to align rows to, so they are plain cuts of its tokens; prepare_data.py ends each document with "
-                "eot_token, or set doc_aligned=False") in capsys.readouterr().out.splitlines()
 
 
 def test_two_processes_train_data_parallel_on_different_mds_samples_from_s3_and_save_to_s3(s3_env, shakespeare_mds,

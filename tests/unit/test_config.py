@@ -2,6 +2,7 @@
 errors (--help, through the command line: tests/e2e/test_config.py)."""
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -198,6 +199,27 @@ def test_an_s3_data_remote_that_streaming_would_read_as_another_prefix_is_refuse
 
 
 
+def test_a_removed_setting_at_its_default_is_dropped_and_on_is_one_line(tmp_path):
+    """config.REMOVED_SETTINGS: on the command line or in a config file, a removed setting at its old default changes
+    nothing; any other value (on, nan, a string, another type) is one line naming it and the commit that has it."""
+    for args in (["--attn_window=0"], ["--zero_init_proj=False"], ["--doc_aligned=false"],
+                 [write(tmp_path, "old.py", "attn_window = 0\nzero_init_proj = False\ndoc_aligned = False\n")]):
+        got = train_config.load_config([*DATA, *args])
+        assert dataclasses.replace(got, run_name=None) == train_config.load_config(DATA), args
+    why = r"was removed after ac879ff \(no preset used it; docs/performance.md has its measurement\)"
+    for arg in ("--attn_window=256", "--attn_window=-1", "--attn_window=nan", "--attn_window='x'",
+                "--attn_window=False", "--doc_aligned=True", "--doc_aligned=yes", "--zero_init_proj=1"):
+        name = arg[2:].split("=")[0]
+        with pytest.raises(UserError, match=rf"^{name} {why}: drop {re.escape(arg)}, or train with pile-gpt ac879ff$"):
+            train_config.load_config([*DATA, arg])
+    with pytest.raises(UserError, match=r"^attn_window .*: drop --attn_window=256,"):  # duplicates: each one counts
+        train_config.load_config([*DATA, "--attn_window=0", "--attn_window=256"])
+    on = write(tmp_path, "on.py", "doc_aligned = True\n")
+    with pytest.raises(UserError, match=rf"^config file {re.escape(on)}: doc_aligned {why}: drop doc_aligned = True "
+                                        "from it, or train with pile-gpt ac879ff$"):
+        train_config.load_config([*DATA, on])
+
+
 def test_every_field_has_a_comment():
     comments = train_config.field_comments()
     assert set(comments) == {f.name for f in dataclasses.fields(train_config.TrainConfig)}
@@ -208,8 +230,8 @@ def test_every_field_has_a_comment():
 OTHER_VALUE = {"n_layer": 3, "n_head": 4, "n_embd": 384, "block_size": 512, "vocab_size": 50304, "bias": False,
                "pos_emb": "rope", "rope_theta": 5e5, "norm": "rmsnorm", "mlp": "swiglu", "n_kv_head": 4,
                "qk_norm": True, "tie_embeddings": False, "logit_softcap": 15.0, "x0_scalars": True,
-               "value_embeds": True, "attn_window": 256, "model_class": "mypkg:Model", "model_args": {"width": 8},
-               "optimizer": "muon", "seed": 7, "zero_init_proj": True, "init_from": "gpt2", "embed_norm": True,
+               "value_embeds": True, "model_class": "mypkg:Model", "model_args": {"width": 8},
+               "optimizer": "muon", "seed": 7, "init_from": "gpt2", "embed_norm": True,
                "smear": True, "backout": True, "qk_scale": 1.2, "weight_init": "nanochat"}
 
 
@@ -232,7 +254,7 @@ def test_every_setting_has_one_row_saying_what_a_change_on_autoresume_does():
     assert settings_of_kind(config.SAID) == {*SETTING_OF.values(), "learning_rate", "muon_lr", "beta1", "beta2",
                                              "lr_base_width", "muon_weight_decay"}
     assert settings_of_kind(config.PART_GROUP) == set(config.PART_RATES)
-    assert settings_of_kind(config.DATA) == {*config.DATA_KEYS, "data_format", "doc_aligned", "num_canonical_nodes"}
+    assert settings_of_kind(config.DATA) == {*config.DATA_KEYS, "data_format", "num_canonical_nodes"}
     assert set(OTHER_VALUE) == settings_of_kind(config.REFUSED) | settings_of_kind(config.INIT_ONLY)
 
 

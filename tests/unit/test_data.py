@@ -94,102 +94,41 @@ def test_sampler_covers_every_window_once_per_epoch_ranks_disjoint_and_resumes_e
     assert list(samplers[0]) == epoch0[0]  # the skip applies once, to the resumed epoch
 
 
-EOT = 50256
-
-
-def documents(lengths: list[int], start: int = 0) -> np.ndarray:
-    """Documents of these lengths (eot included), each token distinct (start, start+1, ...) but its last, EOT."""
-    out, at = [], start
-    for n in lengths:
-        out += list(range(at, at + n - 1)) + [EOT]
-        at += n - 1
-    return np.array(out, dtype=np.int64)
-
-
-def test_pack_rows_packs_documents_best_fit_longest_first_and_splits_what_fits_nowhere():
-    # 4 rows of 10: a document of 25 tokens (pieces 0-9, 10-19, then 20-24), and documents at 25, 31, 35, 38
-    tokens = documents([25, 6, 4, 3, 2])
-    positions = data.pack_rows(tokens, EOT, 9)
-    assert positions.tolist() == [list(range(0, 10)), list(range(10, 20)),
-                                  list(range(25, 35)),  # 6 into an empty row, then 4 into its room of 4 (best fit)
-                                  list(range(35, 40)) + list(range(20, 25))]  # 5, then 3 and 2 into the room left;
-    # in a row, the documents that start there first: row 3 starts at document 35, the long one's rest after it
-    rows = tokens[positions]
-    assert np.array_equal(np.sort(rows.ravel()), np.sort(tokens))
-    assert np.array_equal(data.pack_rows(tokens.copy(), EOT, 9), positions)  # a pure function of the tokens
-    # 2 rows of 10 and documents of 7, 7, 6: the 6 fits no room of 3, so it fills both rooms, split where one ends
-    assert data.pack_rows(documents([7, 7, 6]), EOT, 9).tolist() == [
-        list(range(0, 7)) + [14, 15, 16], list(range(7, 14)) + [17, 18, 19]]
-
-
-@pytest.mark.parametrize("seed", range(20))
-def test_pack_rows_is_a_permutation_of_any_block(seed):
-    rng = np.random.default_rng(seed)
-    T = int(rng.integers(1, 40))
-    R = int(rng.integers(1, 33))
-    tokens = rng.integers(0, 4, size=R * (T + 1))  # eot = 0: documents of every length, empty ones too
-    positions = data.pack_rows(tokens, 0, T)
-    assert positions.shape == (R, T + 1) and np.array_equal(np.sort(positions.ravel()), np.arange(R * (T + 1)))
-    with pytest.raises(ValueError, match="not a number of rows"):
-        data.pack_rows(tokens[:-1], 0, T) if len(tokens) > 1 else data.pack_rows(np.zeros(T + 2), 0, T)
-
-
-def test_doc_aligned_rows_cover_the_bin_once_start_at_documents_and_check_the_vocabulary(tmp_path):
-    lengths = [int(n) for n in np.random.default_rng(0).integers(2, 30, size=400)]
-    tokens = documents(lengths)
-    write_token_files(tmp_path, {"train": tokens}, dtype="int32")
-    T = 16
-    ds = BinDataset(str(tmp_path / "train.bin"), block_size=T, dtype="int32", doc_aligned=True)
-    assert len(ds) == len(tokens) // (T + 1) == data.num_aligned_rows(len(tokens), T)
-    items = [ds[i] for i in range(len(ds))]
-    assert all(torch_equal(it["x"][1:], it["y"][:-1]) for it in items)  # y = x shifted by one
-    seen = np.concatenate([np.r_[it["x"].numpy(), it["y"].numpy()[-1:]] for it in items])
-    kept = len(ds) * (T + 1)
-    assert np.array_equal(np.sort(seen), np.sort(tokens[:kept]))  # every token of the rows' blocks once
-    doc_starts = set(np.r_[0, np.flatnonzero(tokens == EOT) + 1].tolist())
-    aligned = np.mean([int(np.flatnonzero(tokens == it["x"][0].item())[0]) in doc_starts for it in items])
-    windows = np.mean([i * T in doc_starts for i in range(len(tokens) // T)])
-    assert aligned > 0.85 and windows < 0.1  # documents of 2-29 tokens: rows start at one (0.88), windows rarely
-    assert [ds[i]["x"].tolist() for i in (5, 40, 5)] == [items[5]["x"].tolist(), items[40]["x"].tolist(),
-                                                          items[5]["x"].tolist()]  # any order, the same rows
-    tokens[len(tokens) // 2] = 60000
-    write_token_files(tmp_path, {"train": tokens}, dtype="int32")
-    bad = BinDataset(str(tmp_path / "train.bin"), block_size=T, dtype="int32", vocab_size=50257,
-                             doc_aligned=True)
-    with pytest.raises(UserError, match=f"token id 60000 at position {len(tokens) // 2} is out of range"):
-        [bad[i] for i in range(len(bad))]
-
-
 def torch_equal(a, b) -> bool:
     return bool((a == b).all())
 
 
-def test_doc_aligned_on_mds_needs_rows_to_mds_aligned_and_a_bin_run_records_it(tmp_path):
+def test_rows_to_mds_aligned_or_a_run_on_them_are_one_line_naming_the_removed_setting(tmp_path):
+    """doc_aligned was removed (config.REMOVED_SETTINGS): MDS that to_mds.py --sampling doc_aligned wrote is refused in
+    one line, after the run folder was made, which is then gone; a data.json of such a run names it on autoresume."""
+    import json
     from types import SimpleNamespace
 
     from pilegpt.train.run import data_record
 
     write_mds_splits(tmp_path / "mds", np.arange(2000, dtype=np.uint16))
-    with pytest.raises(UserError, match=r"^doc_aligned=True, but .*mds/train holds to_mds.py's samples as written "
-                                        r"\(no sampling recorded in a to_mds.json\): re-run to_mds.py --sampling "
-                                        r"doc_aligned, or set doc_aligned=False$"):
+    (tmp_path / "mds" / "train" / data.TO_MDS_META).write_text(json.dumps({"sampling": "doc_aligned"}))
+    says = (r"^.*mds/train holds to_mds.py --sampling doc_aligned rows: doc_aligned was removed after ac879ff \(no "
+            r"preset used it; docs/performance.md has its measurement\): re-run to_mds.py without --sampling "
+            r"doc_aligned, or train on it with pile-gpt ac879ff$")
+    with pytest.raises(UserError, match=says):
         train.main([f"--data_dir={tmp_path / 'mds'}", *TRAIN, f"--save_folder={tmp_path / 'run'}",
-                    f"--data_local={tmp_path / 'cache'}", "--doc_aligned=True"])
+                    f"--data_local={tmp_path / 'cache'}"])
     assert not (tmp_path / "run").exists()  # refused after the run folder was made: nothing left behind
     mine = tmp_path / "mine"  # a folder the user had: kept as it was, no data.json added
     mine.mkdir()
     (mine / "notes.txt").write_text("keep")
-    with pytest.raises(UserError, match="^doc_aligned=True, but "):
+    with pytest.raises(UserError, match=says):
         train.main([f"--data_dir={tmp_path / 'mds'}", *TRAIN, f"--save_folder={mine}",
-                    f"--data_local={tmp_path / 'cache'}", "--doc_aligned=True"])
+                    f"--data_local={tmp_path / 'cache'}"])
     assert [(p.name, p.read_text()) for p in mine.iterdir()] == [("notes.txt", "keep")]
     write_token_files(tmp_path / "bin", {"train": np.arange(5000) % 50257})
-    record = {on: data_record.describe(SimpleNamespace(data_dir=str(tmp_path / "bin"), data_mix={}, data_remote=None,
-                                                       data_format="auto", doc_aligned=on)) for on in (False, True)}
-    assert "doc_aligned" not in record[False] and record[True]["doc_aligned"] == data.ALIGN_ROWS
-    assert data_record.differences(record[False], record[True]) == [
-        "doc_aligned=True (the run had False: its train samples are other rows of these tokens)"]
-    assert data_record.differences(record[True], record[True]) == []
+    now = data_record.describe(SimpleNamespace(data_dir=str(tmp_path / "bin"), data_mix={}, data_remote=None,
+                                               data_format="auto"))
+    assert "doc_aligned" not in now and data_record.differences(now, now) == []
+    assert data_record.differences({**now, "doc_aligned": 32}, now) == [
+        "windows of its train tokens (it trained on doc_aligned=True's packed rows; doc_aligned was removed after "
+        "ac879ff)"]
 
 
 def test_an_mds_dataset_made_with_a_bigger_vocabulary_is_refused(tmp_path):

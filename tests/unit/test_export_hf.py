@@ -109,8 +109,6 @@ def test_every_exportable_variant_computes_our_logits_and_reads_back(tmp_path, n
     ({**LLAMA, "mlp": "gelu"}, "pos_emb='rope' with mlp='gelu'"),
     ({**LLAMA, "x0_scalars": True}, "pos_emb='rope' with x0_scalars=True"),
     ({**LLAMA, "value_embeds": True}, "pos_emb='rope' with value_embeds=True"),
-    ({**LLAMA, "attn_window": 4}, "pos_emb='rope' with attn_window=4"),
-    (dict(attn_window=4), "pos_emb='learned' with attn_window=4"),
 ])
 def test_a_variant_no_hugging_face_class_computes_is_refused_in_one_line(tmp_path, overrides, named):
     src = tiny_export(tmp_path, **{"n_head": 4, "n_embd": 16, **overrides})

@@ -164,10 +164,6 @@ def test_rope_model_has_no_position_parameters_and_crops_and_generates():
     (dict(rope_theta=0.0), "rope_theta must be a number > 0"),
     (dict(qk_norm="yes"), "qk_norm must be True or False"),
     (dict(tie_embeddings=None), "tie_embeddings must be True or False"),
-    (dict(attn_window=-1), r"attn_window must be a whole number of tokens >= 0 \(0 = every layer sees the whole "),
-    (dict(attn_window=8.0), "attn_window must be a whole number of tokens >= 0"),
-    (dict(attn_window=True), "attn_window must be a whole number of tokens >= 0"),
-    (dict(attn_window="8"), "attn_window must be a whole number of tokens >= 0"),
 ])
 def test_impossible_combinations_are_one_line_errors(overrides, message):
     with pytest.raises(ValueError, match=message) as e:
@@ -185,8 +181,7 @@ def test_flops_per_token_counts_the_variant_by_hand():
 
 
 @pytest.mark.parametrize("overrides", [LLAMA, {**LLAMA, "n_kv_head": 2, "qk_norm": True, "tie_embeddings": False},
-                                       dict(mlp="relu2", logit_softcap=15.0), {**LLAMA, "x0_scalars": True},
-                                       {**LLAMA, "n_layer": 5, "attn_window": 4}])
+                                       dict(mlp="relu2", logit_softcap=15.0), {**LLAMA, "x0_scalars": True}])
 def test_a_variant_learns_and_its_export_rebuilds_it(tmp_path, overrides):
     model = tiny_model(seed=1, **overrides)
     torch.manual_seed(1)
@@ -223,11 +218,6 @@ def test_a_bad_architecture_setting_is_one_config_error():
     with pytest.raises(UserError, match=r"^bad config: n_kv_head must be None or a positive divisor of n_head") as e:
         make_config(dict(data_dir="d", **TINY, n_kv_head=3))
     assert "\n" not in str(e.value)
-    for window in (16, 10**30):  # a window of the whole context (block_size 16) or more is no window
-        with pytest.raises(UserError, match=rf"^bad config: attn_window \({window}\) must be below block_size \(16\), "
-                                            "e.g. 8; 0 lets every layer see the whole context$"):
-            make_config(dict(data_dir="d", **TINY, attn_window=window))
-    assert make_config(dict(data_dir="d", **TINY, attn_window=15)).model_config().attn_window == 15
 
 
 def test_init_from_fixes_the_architecture_and_n_kv_head_none_equals_n_head():
@@ -239,28 +229,6 @@ def test_init_from_fixes_the_architecture_and_n_kv_head_none_equals_n_head():
     assert cfg.model_config().pos_emb == "rope" and cfg.mlp == "swiglu"  # the rest comes from the source
     with pytest.raises(UserError, match=r"the config contradicts init_from=src: mlp='relu2' but it has mlp='swiglu'"):
         make_config(dict(data_dir="d", init_from="src", mlp="relu2"), source=source)
-    windowed = GPTConfig(**TINY, **LLAMA, attn_window=8)  # its window kept; cropped to 8 tokens, no window at all
-    assert make_config(dict(data_dir="d", init_from="src", block_size=12), source=windowed).attn_window == 8
-    assert make_config(dict(data_dir="d", init_from="src", block_size=8), source=windowed).attn_window == 0
-
-
-def test_zero_init_proj_zeroes_only_the_output_projections_and_needs_a_new_model():
-    from pilegpt.common import UserError
-    from pilegpt.train import plain_loop
-    from pilegpt.train.config_load import load_config
-
-    args = ["--data_dir=data/x", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--vocab_size=64"]
-    plain, zeroed = (plain_loop.build_model(load_config([*args, f"--zero_init_proj={z}"])) for z in (False, True))
-    for (name, a), b in zip(plain.named_parameters(), zeroed.parameters()):
-        if name.endswith("c_proj.weight"):
-            assert not a.eq(0).all() and b.eq(0).all(), name
-        else:
-            assert torch.equal(a, b), name  # the same seed gives every other weight its usual start
-    x = torch.randint(0, 64, (2, 16))
-    h = zeroed.transformer.wte(x) + zeroed.transformer.wpe(torch.arange(16))  # each block is the identity now
-    torch.testing.assert_close(zeroed(x, targets=x)[0], zeroed.lm_head(zeroed.transformer.ln_f(h)))
-    with pytest.raises(UserError, match="zero_init_proj=True .* init_from=gpt2 gives the weights: set zero_init_pr"):
-        load_config([*args, "--zero_init_proj=True", "--init_from=gpt2"])
 
 
 def test_x0_scalars_start_as_the_plain_model_and_mix_the_embeddings_into_every_block():
@@ -321,43 +289,6 @@ def test_value_embeds_add_a_gated_token_table_to_v():
     assert attn.ve_gate.in_features == 32
     torch.testing.assert_close(tiny_model(**LLAMA, value_embeds=True).transformer.h[1].attn.ve_gate.weight,
                                torch.zeros(4, 32), rtol=0, atol=0)  # every gate starts at 2 sigmoid(0) = 1
-
-
-def test_attn_window_makes_three_blocks_in_four_short_and_the_last_one_long():
-    from model import has_short_window
-
-    def short(n_layer):
-        config = GPTConfig(**{**TINY, "n_layer": n_layer, "attn_window": 4})
-        return [i for i in range(n_layer) if has_short_window(i, config)]
-
-    assert short(4) == [0, 1, 2] and short(6) == [0, 1, 2, 4] and short(8) == [0, 1, 2, 4, 5, 6] and short(1) == []
-    assert short(12) == [0, 1, 2, 4, 5, 6, 8, 9, 10] and short(5) == [0, 1, 2]  # "SSSL" x 3; "SSSLS", the last long
-    assert not any(has_short_window(i, GPTConfig(**{**TINY, "n_layer": 4})) for i in range(4))  # 0: off
-
-
-def test_a_short_window_attends_to_the_last_attn_window_tokens_only():
-    from model import window_mask
-
-    assert window_mask(5, 2, torch.device("cpu")).int().tolist() == [
-        [1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [0, 1, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 0, 1, 1]]
-    plain, windowed = tiny_model(seed=5, **LLAMA), tiny_model(seed=5, **LLAMA, attn_window=3)
-    assert windowed.load_state_dict(plain.state_dict()).missing_keys == []  # no weights of its own
-    x = torch.randint(0, 64, (2, 16))
-    out_plain, out_windowed = plain(x, targets=x)[0], windowed(x, targets=x)[0]
-    torch.testing.assert_close(out_windowed[:, :3], out_plain[:, :3], rtol=0, atol=0)  # a window holds all of them
-    assert (out_windowed[:, 3:] - out_plain[:, 3:]).abs().amax() > 1e-3
-    short_x = x[:, :3]  # a window as long as the input: the plain model's computation, no mask
-    torch.testing.assert_close(windowed(short_x, targets=short_x)[0], plain(short_x, targets=short_x)[0], rtol=0,
-                               atol=0)
-    # block 0 is short (2 blocks: the last is long): its attention by hand, the scores beyond the window at -inf
-    attn, a = windowed.transformer.h[0].attn, windowed.transformer.h[0].ln_1(windowed.transformer.wte(x))
-    q, k, v = (t.view(2, 16, 4, 8) for t in attn.c_attn(a).split(32, dim=2))
-    q, k = (apply_rope(t, *mixed_rope(windowed)) for t in (q, k))
-    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-    scores = (q @ k.transpose(-2, -1) / math.sqrt(8)).masked_fill(~window_mask(16, 3, x.device), float("-inf"))
-    y = (scores.softmax(-1) @ v).transpose(1, 2).reshape(2, 16, 32)
-    torch.testing.assert_close(attn(a, mixed_rope(windowed), None, window_mask(16, 3, x.device)), attn.c_proj(y))
-    torch.testing.assert_close(windowed.transformer.h[1](a), plain.transformer.h[1](a))  # the long block: causal
 
 
 def test_norms_and_rope_compute_in_the_activations_dtype_under_bf16():

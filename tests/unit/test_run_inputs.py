@@ -114,20 +114,90 @@ def older_run(folder, cfg: TrainConfig, drop: tuple[str, ...]) -> str:
     return str(folder)
 
 
-@pytest.mark.parametrize("setting", ["value_embeds", "x0_scalars", "attn_window", "optimizer", "smear", "backout"])
+@pytest.mark.parametrize("setting", ["value_embeds", "x0_scalars", "optimizer", "smear", "backout"])
 def test_a_setting_newer_than_the_run_is_read_as_its_default_on_autoresume(tmp_path, setting):
     """A run begun before a setting existed ran with its default: resumed with it changed, the refusal is one line
     (not a failure later, when the checkpoint's weights do not fit); resumed with the default, nothing is said."""
     cfg = TrainConfig(data_dir="d", run_name="r")
     run_dir = older_run(tmp_path / "run", cfg, drop=(setting,))
     check_same_model(cfg, run_dir, run_dir)  # the default: the same model
-    new = {"optimizer": "muon", "attn_window": 512}.get(setting, True)
+    new = {"optimizer": "muon"}.get(setting, True)
     changed = dataclasses.replace(cfg, **{setting: new})
     with pytest.raises(UserError) as e:
         check_same_model(changed, run_dir, run_dir)
     said = "of optimizer adamw; this run asks for muon" if setting == "optimizer" else \
         f"are of another model: {setting}={new} (the run has {setting_default(setting)})"
     assert said in str(e.value) and "\n" not in str(e.value)
+
+
+REMOVED_ON = {"attn_window": 256, "zero_init_proj": True, "doc_aligned": True}  # config.REMOVED_SETTINGS, each on
+
+
+def test_a_run_s_config_json_with_a_removed_setting_resumes_at_its_default_and_is_one_line_when_on(tmp_path):
+    """A run begun before a setting was removed (config.REMOVED_SETTINGS) records it: at its default it resumes as
+    before, with nothing said; on (or of another type: attn_window=false is no 0), one line naming it and the commit
+    that still has it."""
+    from pilegpt.train.config import REMOVED_SETTINGS
+    from pilegpt.train.run.folder import keep_initial_settings
+
+    cfg = TrainConfig(data_dir="d", run_name="r")
+    run_dir = older_run(tmp_path / "run", cfg, drop=())
+    path = tmp_path / "run" / "config.json"
+    record = json.loads(path.read_text())
+    record["config"].update({k: default for k, (default, _) in REMOVED_SETTINGS.items()})
+    path.write_text(json.dumps(record))
+    check_same_model(cfg, run_dir, run_dir)
+    assert keep_initial_settings(cfg, run_dir) == (cfg, None)
+    for name, value in [*REMOVED_ON.items(), ("attn_window", False), ("doc_aligned", "yes"), ("attn_window", None)]:
+        path.write_text(json.dumps({**record, "config": {**record["config"], name: value}}))
+        for check in (check_same_model, lambda c, r, _: keep_initial_settings(c, r)):
+            with pytest.raises(UserError) as e:
+                check(cfg, run_dir, run_dir)
+            assert str(e.value) == (f"{path}: {name} was removed after ac879ff (no preset used it; docs/performance.md "
+                                    f"has its measurement): the run has {name}={value!r}; resume it with pile-gpt "
+                                    "ac879ff")
+
+
+def test_a_report_of_a_run_from_before_a_removed_setting_shows_it_when_it_was_on():
+    settings = {**TrainConfig(data_dir="d").__dict__, "attn_window": 256, "zero_init_proj": False}
+    assert [(k, v, d) for k, v, d in run_report.changed_settings(settings) if k != "data_dir"] == [
+        ("attn_window", 256, 0)]
+
+
+def with_model_args(path, payload: dict, model_args: dict) -> str:
+    """The checkpoint file `payload` (an export, or a Composer checkpoint's shape) with these model_args, at path."""
+    import torch
+
+    if "state" in payload:
+        payload["state"]["model"]["_extra_state"] = {"model_args": model_args}
+    else:
+        payload["model_args"] = model_args
+    torch.save(payload, path)
+    return str(path)
+
+
+def test_a_checkpoint_s_model_args_with_a_removed_setting_load_at_its_default_and_are_one_line_when_on(tmp_path):
+    """model_args from before a GPTConfig field was removed (attn_window; config.REMOVED_SETTINGS): an export or a
+    Composer checkpoint (eval.py, sample.py, export_hf.py, init_from) loads at its default, the same weights; on, one
+    line naming it."""
+    import torch
+
+    from helpers import tiny_export
+    from pilegpt.checkpoint import load_model_file
+
+    export = torch.load(tiny_export(tmp_path), weights_only=True)
+    args = export["model_args"]
+    composer = {"state": {"model": {f"model.{k}": v for k, v in export["model"].items()}}}
+    x = torch.randint(0, 50257, (1, 8))
+    want = load_model_file(str(tmp_path / "model.pt"))(x)[0]
+    for kind, payload in (("export", export), ("composer", composer)):
+        old = with_model_args(tmp_path / f"{kind}.pt", payload, {**args, "attn_window": 0})
+        torch.testing.assert_close(load_model_file(old)(x)[0], want, rtol=0, atol=0)
+        on = with_model_args(tmp_path / f"{kind}_on.pt", payload, {**args, "attn_window": 8})
+        with pytest.raises(UserError) as e:
+            load_model_file(on)
+        assert str(e.value) == (f"{on}: attn_window was removed after ac879ff (no preset used it; docs/performance.md "
+                                "has its measurement): its model has attn_window=8; load it with pile-gpt ac879ff")
 
 
 def test_a_model_class_run_lacks_the_gpts_settings_and_resumes(tmp_path):

@@ -126,33 +126,23 @@ def test_num_proc_1_and_2_write_the_same_bytes_holding_the_bin_windows(tmp_path,
             assert np.array_equal(s["x"], tokens[i:i + T]) and np.array_equal(s["y"], tokens[i + 1:i + 1 + T])
 
 
-def test_doc_aligned_sampling_writes_train_pys_rows_the_same_for_any_num_proc_and_verifies(tmp_path, capsys):
-    from helpers import shakespeare_docs, tokenize
-    from pilegpt.train.data.bin_reader import BinDataset
-
-    tokens = np.concatenate([np.r_[tokenize(d), 50256] for d in shakespeare_docs(700)]).astype(np.uint16)
-    data = write_bin(tmp_path / "data", tokens)
-    args = ["--bin", data, "--block-size", T, "--size-limit", "16kb", "--sampling", "doc_aligned"]
-    for n in (1, 2):
-        assert to_mds.main([str(a) for a in args + ["--out", tmp_path / f"p{n}", "--num-proc", n]]) == 0
-    one, two = dataset_files(tmp_path / "p1"), dataset_files(tmp_path / "p2")
-    assert one == two and sum(n.startswith("train/shard.") for n in one) >= 3
-    made = json.loads(one["train/to_mds.json"])
-    assert made["sampling"] == "doc_aligned" and made["align_rows"] == 32
-    rows = BinDataset(str(data / "train.bin"), T, doc_aligned=True)
-    samples = read_mds(str(tmp_path / "p2" / "train"), tmp_path / "cache_train")
-    assert len(samples) == len(rows) == made["num_samples"] and made["dropped_tail_tokens"] < T + 1
-    for k in (0, 1, len(rows) // 2, len(rows) - 1):  # the rows train.py packs from the .bin, in order
-        assert np.array_equal(samples[k]["x"], rows[k]["x"].numpy()) and np.array_equal(samples[k]["y"], rows[k]["y"])
-    assert json.loads(one["val/to_mds.json"])["sampling"] == "sequential"  # val stays in windows
-    capsys.readouterr()
-    assert to_mds.main(["--bin", str(data), "--out", str(tmp_path / "p1"), "--verify"]) == 0
-    verified = capsys.readouterr().out
-    assert f"verified {tmp_path / 'p1' / 'train'}: {len(rows):,} samples, every token matches" in verified
-    spec = json.loads(one["train/to_mds.json"])
-    (tmp_path / "p1" / "train" / "to_mds.json").write_text(json.dumps({**spec, "align_rows": 64}))
-    err = main_error(to_mds.main, ["--bin", str(data), "--out", str(tmp_path / "p1"), "--verify"], capsys)
-    assert "records doc_aligned rows of 64 a block" in err and "packs 32 rows a block" in err
+def test_doc_aligned_rows_are_gone_one_line_for_a_dataset_that_has_them_and_argparses_for_the_flag(
+        tmp_path, small_tokens, capsys):
+    """--sampling doc_aligned was removed with train.py's doc_aligned (config.REMOVED_SETTINGS): the flag is argparse's
+    own refusal, and --verify of a dataset whose to_mds.json records such rows is one line naming the fix."""
+    data = write_bin(tmp_path / "data", small_tokens)
+    with pytest.raises(SystemExit) as e:
+        to_mds.main(["--bin", str(data), "--out", str(tmp_path / "a"), "--sampling", "doc_aligned"])
+    assert e.value.code == 2 and "invalid choice: 'doc_aligned'" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists()
+    out = tmp_path / "mds"
+    assert to_mds.main(["--bin", str(data), "--out", str(out), "--block-size", str(T)]) == 0
+    spec = json.loads((out / "train" / "to_mds.json").read_text())
+    (out / "train" / "to_mds.json").write_text(json.dumps({**spec, "sampling": "doc_aligned", "align_rows": 32}))
+    err = main_error(to_mds.main, ["--bin", data, "--out", out, "--verify"], capsys)
+    assert err == (f"error: {out / 'train' / 'to_mds.json'} records --sampling doc_aligned rows: doc_aligned was "
+                   "removed after ac879ff (no preset used it; docs/performance.md has its measurement): re-run "
+                   "to_mds.py without --sampling doc_aligned, or verify it with pile-gpt ac879ff")
 
 
 def test_storage_stays_under_2_2_bytes_per_token_on_real_text(tmp_path, shakespeare_tokens, capsys):
@@ -218,13 +208,11 @@ def bad_inputs(tmp_path: Path) -> dict:
         "size_limit_below_sample": (["--bin", good, "--size-limit", "100"], "smaller than one sample"),
         "bad_compression": (["--bin", good, "--compression", "lzma"], "--compression lzma"),
         "random_without_count": (["--bin", good, "--sampling", "random"], "--num-samples"),
-        "aligned_without_meta": (["--bin", bare / "train.bin", "--dtype", "uint16", "--vocab-size", "50257",
-                                  "--sampling", "doc_aligned"], "--sampling doc_aligned cuts"),
     }
 
 
 BAD = ["odd_size", "block_too_big", "missing_file", "missing_meta", "out_of_range", "meta_disagrees", "no_splits",
-       "bad_size_limit", "size_limit_below_sample", "bad_compression", "random_without_count", "aligned_without_meta"]
+       "bad_size_limit", "size_limit_below_sample", "bad_compression", "random_without_count"]
 
 
 @pytest.mark.parametrize("case", BAD)

@@ -1,4 +1,4 @@
-"""The .bin side of train.py's data: its windows (or data.pack_rows' document-aligned rows) as map-style datasets,
+"""The .bin side of train.py's data: its windows as map-style datasets,
 one file's (`BinDataset`) or a data_mix's (`MixedBins`), and their training order: a keyed shuffle computed one
 position at a time (`permute`), each sample once per epoch, ranks disjoint, an exact resume mid-epoch, memory and
 start-up constant in the dataset's size (`resumable_sampler`, a mix's `MixedOrder`). Details: docs/training.md."""
@@ -10,38 +10,23 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from pilegpt.data import (
-    aligned_block,
-    block_positions,
-    check_token_range,
-    num_aligned_rows,
-    num_windows,
-    read_rows,
-    read_windows,
-)
-from pilegpt.tokenizer import EOT_ID
+from pilegpt.data import check_token_range, num_windows, read_windows
 
 
 class BinDataset:
-    """The windows of a .bin file as a map-style dataset: item i = {"x": (T,), "y": (T,)} LongTensors. With
-    doc_aligned, item i is row i of data.pack_rows instead (rows of T+1 tokens packed from the documents of their
-    block of the .bin, each read and packed as it is asked for: nothing is indexed ahead).
+    """The windows of a .bin file as a map-style dataset: item i = {"x": (T,), "y": (T,)} LongTensors.
 
     state_dict/load_state_dict let Composer resume mid-epoch without re-reading the data (resumable_sampler).
     """
 
     def __init__(self, path: str, block_size: int, dtype: str = "uint16", num_tokens: Optional[int] = None,
-                 vocab_size: Optional[int] = None, doc_aligned: bool = False, eot_token: int = EOT_ID):
+                 vocab_size: Optional[int] = None):
         self.path, self.block_size, self.dtype, self.vocab_size = path, block_size, np.dtype(dtype), vocab_size
         self.num_tokens = os.path.getsize(path) // self.dtype.itemsize if num_tokens is None else num_tokens
-        self.doc_aligned, self.eot_token = doc_aligned, eot_token
         self.tokens = None  # opened lazily, once per DataLoader worker
-        self.packed = (-1, None)  # (first token, rows' positions) of the block packed last: its other rows come next
         self.resume_samples = 0  # global samples of the current epoch already trained (set by load_state_dict)
 
     def __len__(self) -> int:
-        if self.doc_aligned:
-            return num_aligned_rows(self.num_tokens, self.block_size)
         return num_windows(self.num_tokens, self.block_size)
 
     def __getitem__(self, i: int) -> dict:
@@ -49,22 +34,11 @@ class BinDataset:
 
         if self.tokens is None:
             self.tokens = np.memmap(self.path, dtype=self.dtype, mode="r")
-        if self.doc_aligned:
-            x, y = self.aligned_row(i)
-        else:
-            starts = np.array([i * self.block_size])
-            x, y = read_windows(self.tokens, starts, self.block_size)
-            if self.vocab_size is not None:
-                check_token_range(x, y, starts, self.path, self.vocab_size)
+        starts = np.array([i * self.block_size])
+        x, y = read_windows(self.tokens, starts, self.block_size)
+        if self.vocab_size is not None:
+            check_token_range(x, y, starts, self.path, self.vocab_size)
         return {"x": torch.from_numpy(x[0].astype(np.int64)), "y": torch.from_numpy(y[0].astype(np.int64))}
-
-    def aligned_row(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        """x, y (each (1, T)) of row i of the doc_aligned rows, its block read and packed (data.pack_rows) once per
-        visit."""
-        start, rows, k = aligned_block(i, len(self), self.block_size)
-        if self.packed[0] != start:
-            self.packed = (start, block_positions(self.tokens, start, rows, self.block_size, self.eot_token))
-        return read_rows(self.tokens, self.packed[1][k:k + 1], self.path, self.vocab_size)
 
     def state_dict(self, num_samples: int, from_beginning: bool) -> dict:
         return {"sample_in_epoch": int(num_samples)}

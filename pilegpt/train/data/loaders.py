@@ -30,6 +30,7 @@ from pilegpt.data import (
     nanogpt_meta,
     validation_hash,
 )
+from pilegpt.train.config import removed_setting_error
 from pilegpt.train.data.bin_reader import BinDataset, MixedBins, MixedOrder, permute, resumable_sampler
 from pilegpt.train.data.mix import check_epoch, component_name, realised_shares, sample_counts
 
@@ -69,16 +70,15 @@ def detect_format(data_dir: str, data_format: str) -> str:
                     f"(to_mds.py)")
 
 
-def bin_split(data_dir: str, meta: Meta, split: str, block_size: int, too_short: Optional[bool] = None,
-              doc_aligned: bool = False) -> Optional[BinDataset]:
-    """The BinDataset of one split (doc_aligned: its rows of data.pack_rows), or None when the dataset has no such
-    split. A split shorter than one sample is a UserError, or with too_short set as none (a data_mix root's val
+def bin_split(data_dir: str, meta: Meta, split: str, block_size: int,
+              too_short: Optional[bool] = None) -> Optional[BinDataset]:
+    """The BinDataset of one split, or None when the dataset has no such split. A split shorter than one sample is a UserError, or with too_short set as none (a data_mix root's val
     split: no eval set for that root, with a note when too_short is True)."""
     if split not in meta.splits:
         return None
     n = meta.token_count(data_dir, split)
     dataset = BinDataset(str(Path(data_dir) / meta.splits[split].file), block_size, meta.dtype, num_tokens=n,
-                         vocab_size=meta.vocab_size, doc_aligned=doc_aligned, eot_token=meta.eot_token)
+                         vocab_size=meta.vocab_size)
     if len(dataset) == 0 and too_short is not None:
         if too_short:
             print(f"note: {dataset.path} has {n} tokens, fewer than one sample of block_size+1 = {block_size + 1}: "
@@ -180,8 +180,7 @@ def mds_split(cfg, split: str, batch_size: int, shuffle: bool, weighted: bool = 
     streams = []
     for root, index in zip(roots, indexes):
         made = read_split_file(root, split, TO_MDS_META)
-        if cfg.doc_aligned and split == "train":
-            check_aligned(storage.join(root, split), made)
+        check_not_aligned(storage.join(root, split), made)
         vocab = json.loads(made).get("vocab_size") if made else None
         if vocab is not None and vocab > cfg.vocab_size:
             raise UserError(f"{root}/{split} was made with a vocabulary of {vocab} tokens but vocab_size is "
@@ -209,17 +208,16 @@ def shared_cache_error(cfg, split: str, roots: list[str]) -> UserError:
                      "--data_local=ANOTHER_FOLDER")
 
 
-def check_aligned(where: str, made: Optional[bytes]) -> None:
-    """doc_aligned=True on MDS: the train split's to_mds.json (`made`) says to_mds wrote the rows (--sampling
-    doc_aligned); otherwise a one-line error naming the fix."""
+def check_not_aligned(where: str, made: Optional[bytes]) -> None:
+    """A split whose to_mds.json (`made`) says to_mds wrote document-aligned rows (--sampling doc_aligned, removed
+    with doc_aligned): one line naming the fix."""
     try:
         sampling = json.loads(made).get("sampling") if made else None
     except (ValueError, AttributeError):
         sampling = None
-    if sampling != "doc_aligned":
-        how = f"sampling {sampling}" if isinstance(sampling, str) else f"no sampling recorded in a {TO_MDS_META}"
-        raise UserError(f"doc_aligned=True, but {where} holds to_mds.py's samples as written ({how}): re-run "
-                        "to_mds.py --sampling doc_aligned, or set doc_aligned=False")
+    if sampling == "doc_aligned":
+        raise removed_setting_error("doc_aligned", f"{where} holds to_mds.py --sampling doc_aligned rows",
+                                    "re-run to_mds.py without --sampling doc_aligned, or train on it with")
 
 
 def check_sample_length(dataset, block_size: int, what: str) -> None:
@@ -262,11 +260,9 @@ def bin_train_set(cfg, rank: int):
     parts, tokenizers = [], {}
     for root in bin_roots(cfg):
         meta = read_meta(root, cfg.vocab_size, rank)
-        part = bin_split(root, meta, "train", cfg.block_size, doc_aligned=cfg.doc_aligned)
+        part = bin_split(root, meta, "train", cfg.block_size)
         if part is None:
             raise UserError(f"{Path(root) / META_NAME} lists no train split: run prepare_data.py")
-        if cfg.doc_aligned and rank == 0 and (note := no_documents_note(root, meta)):
-            print(note, flush=True)
         parts.append(part)
         tokenizers.setdefault(meta.tokenizer, root)
     if len(tokenizers) > 1:
@@ -277,19 +273,6 @@ def bin_train_set(cfg, rank: int):
     check_epoch(cfg.data_mix, [len(p) for p in parts])
     order = MixedOrder(sample_counts(list(cfg.data_mix.values()), [len(p) for p in parts]), [len(p) for p in parts])
     return MixedBins(parts, order), order
-
-
-def no_documents_note(root: str, meta: Meta) -> Optional[str]:
-    """doc_aligned=True on a .bin whose meta.json counts at most one document in train.bin (no eot_token, or one):
-    there are no document starts to align rows to, so its rows are plain cuts of the tokens; a note says so. None
-    otherwise, and for a folder without meta.json (nanoGPT's: its documents are not counted)."""
-    split = meta.splits["train"]
-    if not (Path(root) / META_NAME).is_file() or split.documents > 1:
-        return None
-    return (f"note: doc_aligned=True, but {Path(root) / META_NAME} counts {split.documents} document"
-            f"{'' if split.documents == 1 else 's'} in {split.file} (eot_token {meta.eot_token} "
-            f"{'occurs once' if split.documents else 'never occurs'}): no document starts to align rows to, so they "
-            "are plain cuts of its tokens; prepare_data.py ends each document with eot_token, or set doc_aligned=False")
 
 
 def bin_val_set(cfg, rank: int):

@@ -15,7 +15,8 @@ from typing import Optional
 
 from pilegpt import storage
 from pilegpt.common import UserError
-from pilegpt.data import ALIGN_ROWS, META_NAME, SPLITS, Meta, nanogpt_meta
+from pilegpt.data import META_NAME, SPLITS, Meta, nanogpt_meta
+from pilegpt.train.config import REMOVED_SETTINGS
 from pilegpt.train.data import loaders
 
 DATA_JSON = "data.json"  # in the save_folder, beside the checkpoints
@@ -51,17 +52,14 @@ def describe(cfg) -> dict:
     - .bin: meta.json's tokenizer, vocab_size, eot_token and dtype, and per split its token count and a fingerprint:
       the file's size and the sha256 of FINGERPRINT_PIECES pieces of FINGERPRINT_PIECE bytes spread evenly over it
       (the first and the last included). Cheap on the Pile's 600 GB; a change that keeps the size and all those
-      pieces (a rewrite of a few tokens in between) is not seen. With doc_aligned, "doc_aligned": the rows per
-      packed block (data.ALIGN_ROWS): the same tokens, read as other samples.
+      pieces (a rewrite of a few tokens in between) is not seen.
     - MDS: per root, in order, per split: the sha256 of the shard list its index.json gives (every shard's name,
       size and the hashes to_mds stored), which changes with any rebuilt shard."""
-    # doc_aligned: the train rows are data.pack_rows' of ALIGN_ROWS-row blocks, other samples of the same tokens
-    aligned = {"doc_aligned": ALIGN_ROWS} if cfg.doc_aligned else {}
     if loaders.data_format_of(cfg) == "bin" and not cfg.data_mix:
-        return {**describe_bin(Path(cfg.data_dir)), **aligned}
+        return describe_bin(Path(cfg.data_dir))
     if cfg.data_mix and loaders.data_format_of(cfg) == "bin":  # per root, in order: its weight and its data
-        return {"format": "bin_mix", **aligned, "roots": [{"root": root, "weight": weight, **describe_bin(Path(root))}
-                                                          for root, weight in cfg.data_mix.items()]}
+        return {"format": "bin_mix", "roots": [{"root": root, "weight": weight, **describe_bin(Path(root))}
+                                               for root, weight in cfg.data_mix.items()]}
     indexes = loaders.read_mds_indexes(cfg)
     return {"format": "mds", "roots": [
         {"root": root, **{s: index_digest(indexes[s][k]) if indexes[s] and indexes[s][k] is not None else None
@@ -83,9 +81,9 @@ def differences(saved: dict, now: dict) -> list[str]:
     """What differs between two records, in words (where the data lies is not compared)."""
     if saved.get("format") != now["format"]:
         return [f"{now['format']} data (the run trained on {saved.get('format')})"]
-    if saved.get("doc_aligned", 0) != now.get("doc_aligned", 0):  # the train rows: windows, or packed rows
-        return [f"doc_aligned={bool(now.get('doc_aligned'))} (the run had {bool(saved.get('doc_aligned'))}: "
-                "its train samples are other rows of these tokens)"]
+    if saved.get("doc_aligned"):  # the packed train rows of doc_aligned=True, a removed setting: windows now
+        return [f"windows of its train tokens (it trained on doc_aligned=True's packed rows; doc_aligned was removed "
+                f"after {REMOVED_SETTINGS['doc_aligned'][1]})"]
     if now["format"] == "bin":
         found = [f"{k}={now[k]!r} (the run had {saved.get(k)!r})" for k in ("tokenizer", "vocab_size", "eot_token",
                                                                              "dtype") if saved.get(k) != now[k]]

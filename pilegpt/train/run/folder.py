@@ -28,6 +28,7 @@ from pilegpt.train.config import (
     PART_GROUP,
     REFUSED,
     TrainConfig,
+    drop_removed,
     saved_form,
     setting_default,
 )
@@ -244,7 +245,8 @@ def recorded(saved: dict, name: str) -> object:
 
 
 def saved_config(path: str) -> dict:
-    """The settings a run's config.json records; a damaged file is one line."""
+    """The settings a run's config.json records (a removed one at its default left out); a damaged file, or a removed
+    setting on, is one line."""
     try:
         saved = json.loads(Path(path).read_text()).get("config")
     except (ValueError, AttributeError):
@@ -252,7 +254,7 @@ def saved_config(path: str) -> dict:
     if not isinstance(saved, dict):
         raise UserError(f"{path} is damaged (not train.py's record of the run): restore it from a copy, or move it "
                         "away to resume without comparing the run's settings")
-    return saved
+    return drop_removed(saved, path, "the run has {name}={value!r}; resume it with")
 
 
 def check_optimizer_state(checkpoint: object, optimizer: torch.optim.Optimizer, name: str) -> object:
