@@ -22,7 +22,7 @@ from model import GPT, GPTConfig
 from pilegpt import model_contract, s3, storage
 from pilegpt.common import UserError, atomic_path
 from pilegpt.model_contract import ModelSpec
-from pilegpt.train.config import drop_removed
+from pilegpt.removed import drop_removed
 
 EXPORT_NAME = "model.pt"  # file name of the weights-only export train.py writes into its save folder
 EXPORT_FORMAT = "pile-gpt-export-v1"  # tag inside the export file, checked on load
@@ -101,7 +101,7 @@ def gpt_from_weights(model_args: dict, state_dict: dict, source: str = "checkpoi
     """A GPT built from GPTConfig fields and loaded with a GPT-2-named state dict, in eval mode.
 
     Raises ValueError naming `source` when the args are bad or the weights do not fit them; a GPTConfig field removed
-    since (config.REMOVED_SETTINGS) is left out at its default, and one line when it was on.
+    since (removed.REMOVED_SETTINGS) is left out at its default, and one line when it was on.
     """
     if isinstance(model_args, dict):
         model_args = drop_removed(model_args, source, "its model has {name}={value!r}; load it with")

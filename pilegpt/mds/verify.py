@@ -23,7 +23,7 @@ from pilegpt.data import (
     validation_hash,
 )
 from pilegpt.mds.write import SplitJob, chunks, spec_starts
-from pilegpt.train.config import removed_setting_error
+from pilegpt.removed import removed_setting_error
 
 REBUILD = "re-run to_mds.py with --overwrite to rebuild the dataset"
 

@@ -30,13 +30,6 @@ MUON_OPTIONS = {"muon_momentum": ("momentum", None), "muon_momentum_warmup": ("m
 MUON_SETTINGS = ("muon_lr", *MUON_OPTIONS, "muon_weight_decay")  # what optimizer="adamw" leaves unused
 DATA_KEYS = ("data_dir", "data_remote", "data_mix")  # three ways to name the data: one per run
 
-# The settings taken out (issue 52: no preset, export or measurement needed them): name -> (its default, the last
-# commit that had it). Wherever a setting is read back (a config file, --key=value, a run's config.json, a checkpoint's
-# model_args) one at its default reads as before, without it; any other value is one line (drop_removed).
-REMOVED_SETTINGS = {"attn_window": (0, "ac879ff"), "zero_init_proj": (False, "ac879ff"),
-                    "doc_aligned": (False, "ac879ff")}
-REMOVED_WHY = "no preset used it; docs/performance.md has its measurement"
-
 # What a setting changed on autoresume does: one row per TrainConfig setting, (kind, rule). run/folder.py's checks
 # before training read it, and tests/unit/test_config.py walks it (a setting without a row fails). The kinds:
 USED = "used"  # the resumed run uses the new value from its checkpoint on, as it would have from the start
@@ -563,25 +556,3 @@ def config_text(cfg: TrainConfig) -> str:
     width = max(len(k) for k in settings)
     return "\n".join(f"  {k:<{width}} = {v!r}" for k, v in settings.items())
 
-
-def at_removed_default(name: str, value: Any) -> bool:
-    """A removed setting's value is its old default (of its type too: attn_window=False is no 0)."""
-    default = REMOVED_SETTINGS[name][0]
-    return type(value) is type(default) and value == default
-
-
-def removed_setting_error(name: str, where: str, fix: str) -> UserError:
-    """The one line for a removed setting given on: `where` it came from ("" for the command line), then what to do
-    instead ("drop --attn_window=256, or train with"), which the commit that still has it ends."""
-    return UserError(f"{where + ': ' if where else ''}{name} was removed after {REMOVED_SETTINGS[name][1]} "
-                     f"({REMOVED_WHY}): {fix} pile-gpt {REMOVED_SETTINGS[name][1]}")
-
-
-def drop_removed(values: dict, where: str, fix: str) -> dict:
-    """`values` (settings or model_args by name) without the removed settings at their defaults; one given on is
-    removed_setting_error's line, `fix` formatted with its name and value ("the run has {name}={value!r}; resume it
-    with")."""
-    for name, value in values.items():
-        if name in REMOVED_SETTINGS and not at_removed_default(name, value):
-            raise removed_setting_error(name, where, fix.format(name=name, value=value))
-    return {k: v for k, v in values.items() if k not in REMOVED_SETTINGS}

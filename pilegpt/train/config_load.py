@@ -18,14 +18,11 @@ from pathlib import Path
 from typing import Any, Sequence, Union
 
 from pilegpt.common import UserError
+from pilegpt.removed import REMOVED_SETTINGS, at_removed_default, drop_removed, removed_setting_error
 from pilegpt.train.config import (
     ARCH_FIELDS,
     DATA_KEYS,
-    REMOVED_SETTINGS,
     TrainConfig,
-    at_removed_default,
-    drop_removed,
-    removed_setting_error,
     setting_default,
 )
 

@@ -194,9 +194,10 @@ def read_run(src: str) -> tuple[dict, Metrics, dict[str, dict], dict[str, str]]:
 
 
 def changed_settings(config: dict) -> list[tuple[str, object, object]]:
-    """(setting, the run's value, the default) of each setting the run changed; a removed one (config.REMOVED_SETTINGS)
+    """(setting, the run's value, the default) of each setting the run changed; a removed one (removed.REMOVED_SETTINGS)
     too, as a run from before its removal ran with it."""
-    from pilegpt.train.config import REMOVED_SETTINGS, TrainConfig, setting_default
+    from pilegpt.removed import REMOVED_SETTINGS
+    from pilegpt.train.config import TrainConfig, setting_default
 
     defaults = {**{k: default for k, (default, _) in REMOVED_SETTINGS.items()},
                 **{f.name: setting_default(f.name) for f in dataclasses.fields(TrainConfig)}}

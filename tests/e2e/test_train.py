@@ -114,7 +114,7 @@ def test_bin_training_with_composer_checkpoints_exports_and_resumes_at_the_same_
     assert exported.config.n_embd == 32
 
     simulate_crash_after(run_dir, keep_batch=3)
-    # a run begun before a setting was removed (config.REMOVED_SETTINGS) records it at its default: it resumes as before
+    # a run begun before a setting was removed (removed.REMOVED_SETTINGS) has it at its default: it resumes as before
     saved["config"].update(attn_window=0, zero_init_proj=False, doc_aligned=False)
     (run_dir / "config.json").write_text(json.dumps(saved))
     capsys.readouterr()

@@ -200,7 +200,7 @@ def test_an_s3_data_remote_that_streaming_would_read_as_another_prefix_is_refuse
 
 
 def test_a_removed_setting_at_its_default_is_dropped_and_on_is_one_line(tmp_path):
-    """config.REMOVED_SETTINGS: on the command line or in a config file, a removed setting at its old default changes
+    """removed.REMOVED_SETTINGS: on the command line or in a config file, a removed setting at its old default changes
     nothing; any other value (on, nan, a string, another type) is one line naming it and the commit that has it."""
     for args in (["--attn_window=0"], ["--zero_init_proj=False"], ["--doc_aligned=false"],
                  [write(tmp_path, "old.py", "attn_window = 0\nzero_init_proj = False\ndoc_aligned = False\n")]):

@@ -99,7 +99,7 @@ def torch_equal(a, b) -> bool:
 
 
 def test_rows_to_mds_aligned_or_a_run_on_them_are_one_line_naming_the_removed_setting(tmp_path):
-    """doc_aligned was removed (config.REMOVED_SETTINGS): MDS that to_mds.py --sampling doc_aligned wrote is refused in
+    """doc_aligned was removed (removed.REMOVED_SETTINGS): MDS that to_mds.py --sampling doc_aligned wrote is refused in
     one line, after the run folder was made, which is then gone; a data.json of such a run names it on autoresume."""
     import json
     from types import SimpleNamespace

@@ -130,14 +130,14 @@ def test_a_setting_newer_than_the_run_is_read_as_its_default_on_autoresume(tmp_p
     assert said in str(e.value) and "\n" not in str(e.value)
 
 
-REMOVED_ON = {"attn_window": 256, "zero_init_proj": True, "doc_aligned": True}  # config.REMOVED_SETTINGS, each on
+REMOVED_ON = {"attn_window": 256, "zero_init_proj": True, "doc_aligned": True}  # removed.REMOVED_SETTINGS, each on
 
 
 def test_a_run_s_config_json_with_a_removed_setting_resumes_at_its_default_and_is_one_line_when_on(tmp_path):
-    """A run begun before a setting was removed (config.REMOVED_SETTINGS) records it: at its default it resumes as
+    """A run begun before a setting was removed (removed.REMOVED_SETTINGS) records it: at its default it resumes as
     before, with nothing said; on (or of another type: attn_window=false is no 0), one line naming it and the commit
     that still has it."""
-    from pilegpt.train.config import REMOVED_SETTINGS
+    from pilegpt.removed import REMOVED_SETTINGS
     from pilegpt.train.run.folder import keep_initial_settings
 
     cfg = TrainConfig(data_dir="d", run_name="r")
@@ -177,7 +177,7 @@ def with_model_args(path, payload: dict, model_args: dict) -> str:
 
 
 def test_a_checkpoint_s_model_args_with_a_removed_setting_load_at_its_default_and_are_one_line_when_on(tmp_path):
-    """model_args from before a GPTConfig field was removed (attn_window; config.REMOVED_SETTINGS): an export or a
+    """model_args from before a GPTConfig field was removed (attn_window; removed.REMOVED_SETTINGS): an export or a
     Composer checkpoint (eval.py, sample.py, export_hf.py, init_from) loads at its default, the same weights; on, one
     line naming it."""
     import torch

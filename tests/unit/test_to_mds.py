@@ -128,7 +128,7 @@ def test_num_proc_1_and_2_write_the_same_bytes_holding_the_bin_windows(tmp_path,
 
 def test_doc_aligned_rows_are_gone_one_line_for_a_dataset_that_has_them_and_argparses_for_the_flag(
         tmp_path, small_tokens, capsys):
-    """--sampling doc_aligned was removed with train.py's doc_aligned (config.REMOVED_SETTINGS): the flag is argparse's
+    """--sampling doc_aligned was removed with train.py's doc_aligned (removed.REMOVED_SETTINGS): the flag is argparse's
     own refusal, and --verify of a dataset whose to_mds.json records such rows is one line naming the fix."""
     data = write_bin(tmp_path / "data", small_tokens)
     with pytest.raises(SystemExit) as e:

@@ -16,7 +16,7 @@ from typing import Optional
 from pilegpt import storage
 from pilegpt.common import UserError
 from pilegpt.data import META_NAME, SPLITS, Meta, nanogpt_meta
-from pilegpt.train.config import REMOVED_SETTINGS
+from pilegpt.removed import REMOVED_SETTINGS
 from pilegpt.train.data import loaders
 
 DATA_JSON = "data.json"  # in the save_folder, beside the checkpoints

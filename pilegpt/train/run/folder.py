@@ -20,6 +20,7 @@ from composer.utils import dist
 from pilegpt import compat, storage
 from pilegpt.checkpoint import existing_checkpoints
 from pilegpt.common import UserError, atomic_write_text, check_writable_folder
+from pilegpt.removed import drop_removed
 from pilegpt.s3 import S3Dir
 from pilegpt.train.config import (
     GPT_ONLY_FIELDS,
@@ -28,7 +29,6 @@ from pilegpt.train.config import (
     PART_GROUP,
     REFUSED,
     TrainConfig,
-    drop_removed,
     saved_form,
     setting_default,
 )
