@@ -555,4 +555,3 @@ def config_text(cfg: TrainConfig) -> str:
     settings = used_settings(cfg)
     width = max(len(k) for k in settings)
     return "\n".join(f"  {k:<{width}} = {v!r}" for k, v in settings.items())
-

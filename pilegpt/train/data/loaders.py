@@ -72,8 +72,9 @@ def detect_format(data_dir: str, data_format: str) -> str:
 
 def bin_split(data_dir: str, meta: Meta, split: str, block_size: int,
               too_short: Optional[bool] = None) -> Optional[BinDataset]:
-    """The BinDataset of one split, or None when the dataset has no such split. A split shorter than one sample is a UserError, or with too_short set as none (a data_mix root's val
-    split: no eval set for that root, with a note when too_short is True)."""
+    """The BinDataset of one split, or None when the dataset has no such split. A split shorter than one sample is a
+    UserError, or with too_short set as none (a data_mix root's val split: no eval set for that root, with a note when
+    too_short is True)."""
     if split not in meta.splits:
         return None
     n = meta.token_count(data_dir, split)
