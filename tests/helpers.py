@@ -301,12 +301,20 @@ STARTED: list[subprocess.Popen] = []  # conftest.py kills what a test left runni
 
 
 def start(cmd: list, cwd: Optional[Path] = None, env: Optional[dict] = None, log: Optional[Path] = None,
-          **popen) -> subprocess.Popen:
+          cold: bool = False, **popen) -> subprocess.Popen:
     """cmd in its own process group, its output (stdout and stderr, in order) to the file `log` (an unnamed
-    temporary file by default), never to a pipe: a process blocked on a full pipe nobody reads would hang."""
+    temporary file by default), never to a pipe: a process blocked on a full pipe nobody reads would hang.
+    `python SCRIPT` (a .py file) and the launchers' `python -m` start warm (warm.py: forked with torch and Composer
+    imported) unless `cold` or Popen arguments are given; other command lines (`python -c`, a shell) start cold."""
+    import warm
+
+    cmd = [str(c) for c in cmd]
     out = open(log, "wb+") if log else tempfile.TemporaryFile("wb+")
-    proc = subprocess.Popen([str(c) for c in cmd], cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                            start_new_session=True, **popen)
+    if not cold and not popen and warm.command(cmd):
+        proc = warm.Process(cmd, cwd, env, out)
+    else:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, **popen)
     proc.log = out
     STARTED.append(proc)
     return proc
@@ -375,9 +383,9 @@ def train_env(env: Optional[dict] = None, nproc: int = 0) -> dict:
 
 
 def start_train(args: list, cwd: Path, nproc: int = 0, launcher: str = "composer", env: Optional[dict] = None,
-                log: Optional[Path] = None) -> subprocess.Popen:
+                log: Optional[Path] = None, cold: bool = False) -> subprocess.Popen:
     """train.py started (train_command, train_env) in its own process group, output to a file: finish() it."""
-    return start(train_command(args, nproc, launcher), cwd, train_env(env, nproc), log)
+    return start(train_command(args, nproc, launcher), cwd, train_env(env, nproc), log, cold)
 
 
 def run_train(args: list, cwd: Path, nproc: int = 0, launcher: str = "composer", env: Optional[dict] = None,

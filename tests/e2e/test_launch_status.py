@@ -25,9 +25,9 @@ ARGS = [*SMALL, "--device=cpu", "--sample_length=0", "--progress_bar=False", "--
         "--save_interval=1000ba", "--max_duration=400ba", "--run_name=st"]
 
 
-def launch(tmp_path, *args, nproc=2):
+def launch(tmp_path, *args, nproc=2, cold=False):
     """train.py through `python -m pilegpt.launch -n NPROC` (helpers.start_train: its own process group)."""
-    return start_train(list(args), tmp_path, nproc=nproc, launcher="pilegpt", log=tmp_path / "out.txt")
+    return start_train(list(args), tmp_path, nproc=nproc, launcher="pilegpt", log=tmp_path / "out.txt", cold=cold)
 
 
 def test_first_failure_wins_over_the_sigterm_echo():
@@ -44,7 +44,11 @@ def test_a_config_error_on_every_rank_exits_2(tmp_path):
 
 def test_a_sigkilled_rank_exits_137_not_143(tmp_path):
     data = write_random_bin(tmp_path / "d")
-    proc = launch(tmp_path, *ARGS, f"--data_dir={data}", "--callbacks={'faults:SlowBatches': {'seconds': 0.2}}")
+    # cold (a fresh interpreter): /proc/PID/environ names each rank, and the rank that loses its peer must end as
+    # slowly as a real one, whose interpreter is torn down: a warm start (tests/warm.py) ends sooner, within
+    # Composer's launcher's 0.1 s poll, which then sees both ranks failed and names rank 0's exit status 2
+    proc = launch(tmp_path, *ARGS, f"--data_dir={data}", "--callbacks={'faults:SlowBatches': {'seconds': 0.2}}",
+                  cold=True)
     metrics = tmp_path / "runs" / "st" / "metrics.jsonl"
     wait_until(lambda: metrics.is_file() and metrics.read_text().count("\n") >= 2, proc, "batch 2", seconds=180)
     ranks = {int(p.environ().get("RANK", -1)): p for p in psutil.Process(proc.pid).children()}
