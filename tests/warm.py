@@ -217,6 +217,7 @@ def _become(kind: str, target: str, args: list[str], cwd: str, env: dict, site_p
     os.environ.update(env)
     first = os.path.dirname(os.path.abspath(target)) if kind == "path" else cwd
     extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    _site_path[:] = site_path  # for the processes a warm launcher forks in turn
     sys.path[:] = [first, *extra, *site_path]
     if "OMP_NUM_THREADS" in env:  # read by OpenMP when torch was imported, in the server
         import torch
