@@ -173,6 +173,18 @@ def _fresh_start() -> None:
         sys.meta_path.insert(0, _ComposerImport(sys.modules.pop("composer")))
 
 
+def _fresh_multiprocessing() -> None:
+    """multiprocessing as a new interpreter has it: no start method chosen (the server's child inherits
+    "forkserver", and a DataLoader's workers would then pickle the dataset) and this process its main one."""
+    import itertools
+    from multiprocessing import process
+
+    multiprocessing.set_start_method(None, force=True)
+    me = process._current_process
+    me._identity, me._name, me._parent_pid, me._parent_name, me._popen = (), "MainProcess", None, None, None
+    process._parent_process, process._children, process._process_counter = None, set(), itertools.count(1)
+
+
 class _ComposerImport:
     """A meta path finder that answers the command's first `import composer` with the preloaded package."""
 
@@ -209,6 +221,7 @@ def _become(kind: str, target: str, args: list[str], cwd: str, env: dict, site_p
     import runpy
 
     _fresh_start()
+    _fresh_multiprocessing()
     unbuffered = dict(write_through=True, encoding="utf-8", errors="backslashreplace")
     sys.stdout = io.TextIOWrapper(open(1, "wb", buffering=0, closefd=False), **unbuffered)
     sys.stderr = io.TextIOWrapper(open(2, "wb", buffering=0, closefd=False), **unbuffered)

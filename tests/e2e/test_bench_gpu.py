@@ -1,10 +1,15 @@
 """bench/bench_gpu.py: its --smoke run on CPU (main() in this process; each race contestant and variant a train.py
-process, as on a GPU) writes its tables, and every run's train.py settings are ones train.py takes, so the GPU
-script cannot rot. The
-pieces only a GPU run exercises: tests/unit/test_bench_gpu.py."""
+process, as on a GPU, started warm here: tests/warm.py) writes its tables, and every run's train.py settings are ones
+train.py takes, so the GPU script cannot rot. The pieces only a GPU run exercises: tests/unit/test_bench_gpu.py."""
+
+import os
+import subprocess
+import sys
+
+import psutil
 
 import train
-from helpers import REPO, load_module
+from helpers import REPO, kill_group, load_module, start
 from pilegpt.train.config_load import read_config_file
 
 SCRIPT = REPO / "bench" / "bench_gpu.py"
@@ -14,7 +19,33 @@ bench = load_module(SCRIPT, "bench_gpu")
 VARIANTS = ("eager-50257-fixed", "compile-50304-fixed")  # the baseline (a process), a GPU row (skipped on CPU)
 
 
-def test_smoke_run_has_its_race_step_rows_and_variant_rows(tmp_path, one_torch_thread):
+def warm_run_with_timeout(cmd: list[str], cwd, env: dict, out_file, timeout_s: float) -> tuple[int, bool]:
+    """bench.run_with_timeout with the train.py process started warm (helpers.start)."""
+    proc = start(cmd, cwd, env, out_file)
+    try:
+        return proc.wait(timeout=timeout_s), False
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        return proc.returncode, True
+    finally:
+        proc.log.close()
+
+
+def test_a_run_ends_or_is_stopped_at_its_budget_with_its_processes(tmp_path):
+    """bench.run_with_timeout itself (the smoke run below replaces it with a warm start)."""
+    env = dict(os.environ)
+    ran = bench.run_with_timeout([sys.executable, "-c", "print('ran')"], tmp_path, env, tmp_path / "a", 60)
+    assert ran == (0, False)
+    assert (tmp_path / "a").read_text() == "ran\n"
+    sleeper = ["sleep", "61.25"]  # a child of the run: the budget stops it too
+    child = f"import subprocess, time; subprocess.Popen({sleeper}); print('started', flush=True); time.sleep(60)"
+    code, timed_out = bench.run_with_timeout([sys.executable, "-c", child], tmp_path, env, tmp_path / "b", 2)
+    assert (code, timed_out) == (-9, True) and (tmp_path / "b").read_text() == "started\n"
+    assert not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == sleeper]
+
+
+def test_smoke_run_has_its_race_step_rows_and_variant_rows(tmp_path, one_torch_thread, monkeypatch):
+    monkeypatch.setattr(bench, "run_with_timeout", warm_run_with_timeout)
     out = tmp_path / "x.md"
     # in this process; each race contestant and variant is its own train.py process, as on a GPU (the variants'
     # settings differ only in values: test_every_variants_settings_are_ones_train_py_takes)

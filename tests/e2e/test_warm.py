@@ -2,6 +2,7 @@
 sees what a fresh interpreter sees (sys.path, installed packages' entry points, argv, environment, folder, signal
 handlers before and after `import composer`) and ends as one does (exit status, stderr)."""
 
+import ast
 import signal
 import sys
 
@@ -10,39 +11,47 @@ import pytest
 from helpers import REPO, run_command, train_command, train_env
 
 PROBE = """
-import os, signal, sys
+import multiprocessing as mp, os, signal, sys
 from importlib.metadata import entry_points
 def handlers():
     return [str(signal.getsignal(s)).split(" at ")[0] for s in (signal.SIGTERM, signal.SIGINT)]
 before, path = handlers(), sys.path[1:]
 import composer  # sets SIGTERM's and SIGINT's handlers (and torchmetrics puts a temporary folder on sys.path)
-seen = {"path": path, "argv": sys.argv[1:], "cwd": os.getcwd(), "main": __name__, "stdin": sys.stdin.read(),
+seen = {"path": path, "argv": sys.argv[1:], "cwd": os.getcwd() == os.path.dirname(os.path.abspath(sys.argv[0])),
+        "main": __name__, "stdin": sys.stdin.read(),
         "env": {k: v for k, v in os.environ.items() if k in ("RANK", "WORLD_SIZE", "OMP_NUM_THREADS", "PYTHONPATH")},
         "backends": sorted(e.name for e in entry_points(group="torch.distributed.backends")),
-        "handlers": [before, handlers()], "threads": __import__("torch").get_num_threads()}
+        "handlers": [before, handlers()], "threads": __import__("torch").get_num_threads(),
+        "multiprocessing": [mp.get_start_method(allow_none=True), mp.current_process().name, mp.parent_process()]}
 with open(os.path.join(os.environ["WARM_PROBE"], f"rank{os.environ.get('RANK', '-')}.txt"), "w") as f:
     f.write(repr(seen))
 """
 
 
-def probe(tmp_path, nproc: int, cold: bool) -> dict[str, str]:
-    """What PROBE saw in each process (by file name), started warm or cold."""
-    script, out = tmp_path / "probe.py", tmp_path / ("cold" if cold else "warm")
+def probe(folder, nproc: int, cold: bool) -> dict[str, str]:
+    """What PROBE saw in each process (by file name), started warm or cold in `folder`."""
+    out = folder / "seen"
+    out.mkdir(parents=True)
+    script = folder / "probe.py"
     script.write_text(PROBE)
-    out.mkdir()
     python = train_command([], nproc)[:-1] if nproc else [sys.executable]
-    code, output = run_command([*python, script, "--flag", "x y"], tmp_path,
+    code, output = run_command([*python, script, "--flag", "x y"], folder,
                                {**train_env(nproc=nproc), "WARM_PROBE": str(out)}, cold=cold)
     assert code == 0, output[-3000:]
     return {p.name: p.read_text() for p in sorted(out.iterdir())}
 
 
-@pytest.mark.parametrize("nproc", [0, 2])
-def test_a_warm_process_sees_what_a_fresh_interpreter_sees(tmp_path, nproc):
-    warm, cold = probe(tmp_path, nproc, cold=False), probe(tmp_path, nproc, cold=True)
-    assert list(warm) == (["rank0.txt", "rank1.txt"] if nproc else ["rank-.txt"])
-    assert warm == cold
-    assert f"'path': ['{REPO / 'tests'}', '{REPO}', " in warm[list(warm)[0]]
+def test_a_warm_process_and_a_warm_launchers_ranks_see_what_a_fresh_interpreter_sees(tmp_path):
+    cold = probe(tmp_path / "cold", 0, cold=True)["rank-.txt"]
+    assert probe(tmp_path / "warm", 0, cold=False) == {"rank-.txt": cold}
+    assert f"'path': ['{REPO / 'tests'}', '{REPO}', " in cold
+    ranks = probe(tmp_path / "ranks", 2, cold=False)  # `composer -n 2`: the launcher, then its ranks, forked
+    assert list(ranks) == ["rank0.txt", "rank1.txt"]
+    for rank, seen in enumerate(ranks.values()):
+        seen, want = ast.literal_eval(seen), ast.literal_eval(cold)
+        assert seen.pop("env") == {"RANK": str(rank), "WORLD_SIZE": "2", "PYTHONPATH": want.pop("env")["PYTHONPATH"]}
+        assert seen.pop("threads") >= 1 and want.pop("threads") == 1  # one thread a process is train_env's, for 1
+        assert seen == want
 
 
 @pytest.mark.parametrize("body, status, says", [
@@ -51,7 +60,7 @@ def test_a_warm_process_sees_what_a_fresh_interpreter_sees(tmp_path, nproc):
     ("raise ValueError('boom')", 1, "ValueError: boom"),
     ("import os, signal; os.kill(os.getpid(), signal.SIGTERM)", -signal.SIGTERM, None),
     ("raise KeyboardInterrupt", -signal.SIGINT, "KeyboardInterrupt"),
-    ("import composer, os, signal; os.kill(os.getpid(), signal.SIGTERM)", 143, None),  # Composer's handler
+    ("import composer, os, signal; os.kill(os.getpid(), signal.SIGTERM)", 143, "warm only"),  # Composer's handler
     ("import threading, time; threading.Thread(target=lambda: (time.sleep(0.5), print('joined'))).start()", 0,
      "joined"),
     ("import atexit; atexit.register(print, 'atexit ran')", 0, "atexit ran"),
@@ -59,6 +68,6 @@ def test_a_warm_process_sees_what_a_fresh_interpreter_sees(tmp_path, nproc):
 def test_a_warm_process_ends_as_an_interpreter_does(tmp_path, body, status, says):
     script = tmp_path / "end.py"
     script.write_text(body + "\n")
-    for cold in (False, True):
+    for cold in (False, True) if says != "warm only" else (False,):  # (a cold import of Composer: 7-9 s of CPU)
         code, out = run_command([sys.executable, script], tmp_path, cold=cold)
-        assert code == status and (says is None or says in out), (cold, code, out[-2000:])
+        assert code == status and (says in (None, "warm only") or says in out), (cold, code, out[-2000:])
