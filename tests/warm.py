@@ -2,7 +2,8 @@
 process forked from a server that has already imported torch, Composer and Streaming, instead of a fresh interpreter:
 `import composer` costs 7-9 s of CPU in every process here, more than most test runs train. A warm launcher's training
 processes (`python -u train.py ...`) are the launcher forked in the same way. helpers.start() sends such command lines
-here; `python -c` and shell command lines start cold, as does a test's that asks (start(cold=True)), and
+here, also inside `unshare`'s /dev/shm of its own (a node of test_multinode.py); `python -c` and shell command lines
+start cold, as does a test's that asks (start(cold=True)), and
 PILEGPT_TESTS_COLD=1 makes every start cold (the suite as it ran before).
 
 A warm process is a process of its own, as a fresh one would be: its own pid and session, the command's environment,
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -34,19 +36,47 @@ _context = None
 _site_path: list[str] = []  # a fresh interpreter's sys.path after its first entry (the standard library, site)
 
 
-def command(cmd: list[str]) -> tuple[str, str, list[str]] | None:
-    """("path"|"module", target, args) for a command line that can start warm, else None (also for every command
-    line under PILEGPT_TESTS_COLD=1: the suite as it ran before warm starts, to tell a warm start's fault)."""
+def command(cmd: list[str]) -> tuple[str, str, list[str], str | None] | None:
+    """("path"|"module", target, args, the size of a /dev/shm of its own or None) for a command line that can start
+    warm, else None (also for every command line under PILEGPT_TESTS_COLD=1: the suite as it ran before warm starts,
+    to tell a warm start's fault)."""
+    shm, cmd = unwrapped(cmd)
     if len(cmd) < 2 or cmd[0] != sys.executable or os.environ.get("PILEGPT_TESTS_COLD") == "1":
         return None
     rest = cmd[1:]
     if rest[0] == "-u":
         rest = rest[1:]
     if len(rest) >= 2 and rest[0] == "-m" and rest[1] in MODULES:
-        return "module", rest[1], rest[2:]
+        return "module", rest[1], rest[2:], shm
     if rest and rest[0].endswith(".py") and os.path.isfile(rest[0]):
-        return "path", rest[0], rest[1:]
+        return "path", rest[0], rest[1:], shm
     return None
+
+
+OWN_SHM = ["unshare", "--mount", "--propagation", "private", "sh", "-c"]
+MOUNT_SHM = re.compile(r'mount -t tmpfs -o size=(\w+) tmpfs /dev/shm && exec "\$@"')
+
+
+def unwrapped(cmd: list[str]) -> tuple[str | None, list[str]]:
+    """(the size, the command inside) for a command run with a /dev/shm of its own, as a node of its own has it:
+    `unshare --mount --propagation private sh -c 'mount -t tmpfs -o size=SIZE tmpfs /dev/shm && exec "$@"' NAME
+    COMMAND...`; else (None, cmd)."""
+    if cmd[:6] == OWN_SHM and len(cmd) > 8 and MOUNT_SHM.fullmatch(cmd[6]):
+        return MOUNT_SHM.fullmatch(cmd[6]).group(1), cmd[8:]
+    return None, cmd
+
+
+def own_shm(size: str) -> None:
+    """What that wrapper does, in this (single-threaded) process: a mount namespace of its own, private, with a
+    new tmpfs on /dev/shm."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    clone_newns, ms_rec, ms_private = 0x00020000, 0x4000, 0x40000
+    if (libc.unshare(clone_newns) or libc.mount(None, b"/", None, ms_rec | ms_private, None)
+            or libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", 0, f"size={size}".encode())):
+        print(f"warm.py: no /dev/shm of its own: {os.strerror(ctypes.get_errno())}", file=sys.stderr, flush=True)
+        os._exit(32)
 
 
 def context():
@@ -80,11 +110,11 @@ class Process:
     process the server forked: its status comes from the server (it is not this process's child)."""
 
     def __init__(self, cmd: list[str], cwd, env: dict | None, log) -> None:
-        kind, target, args = command(cmd)
+        kind, target, args, shm = command(cmd)
         self.args = cmd
         env = dict(os.environ if env is None else env)
         self._process = context().Process(target=_run, daemon=False, args=(
-            kind, target, args, os.path.abspath(cwd or os.getcwd()), env, _site_path, _Fd(log.fileno())))
+            kind, target, args, shm, os.path.abspath(cwd or os.getcwd()), env, _site_path, _Fd(log.fileno())))
         self._process.start()
         self.pid = self._process.pid
         self.returncode = None
@@ -111,9 +141,13 @@ class Process:
         self.send_signal(signal.SIGKILL)
 
 
-def _run(kind: str, target: str, args: list[str], cwd: str, env: dict, site_path: list[str], fd: int) -> None:
-    """In the process the server forked: its own session, the log file as stdout and stderr, then _become."""
+def _run(kind: str, target: str, args: list[str], shm: str | None, cwd: str, env: dict, site_path: list[str],
+         fd: int) -> None:
+    """In the process the server forked: its own session (and /dev/shm), the log file as stdout and stderr, then
+    _become."""
     os.setsid()
+    if shm:
+        own_shm(shm)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
@@ -128,7 +162,7 @@ class _ForkedPopen(subprocess.Popen):
     def _execute_child(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env, startupinfo,
                        creationflags, shell, p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite, *rest):
         warm = None if shell or preexec_fn or pass_fds else command([os.fsdecode(a) for a in args])
-        if warm is None:
+        if warm is None or warm[3]:
             return super()._execute_child(args, executable, preexec_fn, close_fds, pass_fds, cwd, env, startupinfo,
                                           creationflags, shell, p2cread, p2cwrite, c2pread, c2pwrite, errread,
                                           errwrite, *rest)
@@ -146,7 +180,7 @@ class _ForkedPopen(subprocess.Popen):
                 if start_new_session:
                     os.setsid()
                 subprocess.Popen = _POPEN
-                _become(*warm, cwd, env, _site_path)
+                _become(*warm[:3], cwd, env, _site_path)
             finally:
                 os._exit(1)
         self.pid = pid

@@ -3,12 +3,15 @@ sees what a fresh interpreter sees (sys.path, installed packages' entry points, 
 handlers before and after `import composer`) and ends as one does (exit status, stderr)."""
 
 import ast
+import os
 import signal
+import subprocess
 import sys
 
 import pytest
 
 from helpers import REPO, run_command, train_command, train_env
+from warm import OWN_SHM
 
 PROBE = """
 import multiprocessing as mp, os, signal, sys
@@ -71,3 +74,20 @@ def test_a_warm_process_ends_as_an_interpreter_does(tmp_path, body, status, says
     for cold in (False, True) if says != "warm only" else (False,):  # (a cold import of Composer: 7-9 s of CPU)
         code, out = run_command([sys.executable, script], tmp_path, cold=cold)
         assert code == status and (says in (None, "warm only") or says in out), (cold, code, out[-2000:])
+
+
+def test_a_node_wrapped_in_a_dev_shm_of_its_own_has_one_warm_too(tmp_path):
+    """`unshare --mount ... mount -t tmpfs ... /dev/shm && exec "$@"` around a command line (test_multinode.py's
+    nodes): warm, the forked process makes the same mount namespace itself."""
+    wrap = [*OWN_SHM, 'mount -t tmpfs -o size=8m tmpfs /dev/shm && exec "$@"', "node"]
+    try:
+        subprocess.run([*wrap, "true"], check=True, capture_output=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        pytest.skip("needs root: a /dev/shm of its own (unshare --mount, mount -t tmpfs)")
+    script = tmp_path / "shm.py"
+    script.write_text("import os, sys\nopen(f'/dev/shm/{sys.argv[1]}', 'w').close()\n"
+                      "print(sorted(os.listdir('/dev/shm')))\n")
+    for cold in (False, True):
+        name = f"warm-test-{os.getpid()}-{cold}"
+        code, out = run_command([*wrap, sys.executable, script, name], tmp_path, cold=cold)
+        assert (code, out) == (0, f"['{name}']\n") and not os.path.exists(f"/dev/shm/{name}"), (cold, code, out)
