@@ -35,9 +35,9 @@ E2E = Path(__file__).parent / "e2e"
 # The files that take longest (a minute or more on 2 cores, `--durations` of a clean clone's `make test` on
 # 2026-12-07, with warm starts: tests/warm.py), longest first: they start first, so that with workers (make test:
 # xdist hands out whole files in this order) no worker ends the suite alone on one.
-LONGEST = ("test_multinode.py", "test_slurm_real.py", "test_bench_gpu.py", "test_shared_memory.py", "test_faults.py",
-           "test_mcli.py", "test_launch_status.py", "test_prepare_data.py", "test_slurm.py", "test_preemption.py",
-           "test_train.py", "test_data.py", "test_eval.py", "test_sample.py")
+LONGEST = ("test_slurm_real.py", "test_shared_memory.py", "test_faults.py", "test_prepare_data.py", "test_train.py",
+           "test_launch_status.py", "test_mcli.py", "test_data.py", "test_multinode.py", "test_bench_gpu.py",
+           "test_slurm.py", "test_eval.py", "test_preemption.py")
 
 
 def pytest_collection_modifyitems(items):
