@@ -61,9 +61,8 @@ def unwrapped(cmd: list[str]) -> tuple[str | None, list[str]]:
     """(the size, the command inside) for a command run with a /dev/shm of its own, as a node of its own has it:
     `unshare --mount --propagation private sh -c 'mount -t tmpfs -o size=SIZE tmpfs /dev/shm && exec "$@"' NAME
     COMMAND...`; else (None, cmd)."""
-    if cmd[:6] == OWN_SHM and len(cmd) > 8 and MOUNT_SHM.fullmatch(cmd[6]):
-        return MOUNT_SHM.fullmatch(cmd[6]).group(1), cmd[8:]
-    return None, cmd
+    mount = MOUNT_SHM.fullmatch(cmd[6]) if cmd[:6] == OWN_SHM and len(cmd) > 8 else None
+    return (mount.group(1), cmd[8:]) if mount else (None, cmd)
 
 
 def own_shm(size: str) -> None:
