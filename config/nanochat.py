@@ -11,9 +11,9 @@
 #   (0.001-0.05, here 0): per-group knobs no other preset would use.
 # - the value embeddings at half embedding_lr, the smear and backout scalars at 0.2 (here scalar_lr's 0.5, x0's
 #   rate), resid_lambdas at 0.005 at every width (here learning_rate, which lr_base_width scales: 0.012 at 128 wide).
-# - Muon: momentum falling from 0.97 to 0.90 over the warmdown; NorMuon's second moment at beta 0.9 (here beta2's
-#   0.95) and over input columns for wide matrices (here always over output rows); MuonEq's row equilibration before
-#   orthogonalising and Muon+'s renormalisation after (nanochat's own notes call both slight).
+# - Muon: NorMuon's second moment at beta 0.9 (here beta2's 0.95) and over input columns for wide matrices (here
+#   always over output rows); MuonEq's row equilibration before orthogonalising and Muon+'s renormalisation after
+#   (nanochat's own notes call both slight).
 # - the value-embedding gate: 3 sigmoid(.) read from 12 channels (model.py's: 2 sigmoid(.) from 32, kept so that
 #   checkpoints with value_embeds still load).
 # - short attention windows: nanochat's short window is a quarter of the context rounded up to 128 tokens, the whole
@@ -47,12 +47,14 @@ smear = True
 backout = True
 weight_init = "nanochat"  # embeddings N(0, 0.8), head N(0, 0.001), blocks uniform 1/sqrt(n_embd), projections 0
 # the optimizer: Muon (Polar Express, NorMuon, cautious weight decay 0.28 falling as a cosine to 0, momentum 0.85 to
-# 0.97 over 400 steps) for the blocks' matrices; AdamW for the rest at nanochat's rates, the embeddings' and the
-# head's stated at 768 wide and scaled by (768 / n_embd) ** 0.5; no gradient clipping
+# 0.97 over 400 steps, then down to 0.90 over the warmdown) for the blocks' matrices; AdamW for the rest at
+# nanochat's rates, the embeddings' and the head's stated at 768 wide and scaled by (768 / n_embd) ** 0.5; no
+# gradient clipping
 optimizer = "muon"
 muon_lr = 0.02
 muon_momentum = 0.97
 muon_momentum_warmup = 400
+muon_momentum_warmdown = 0.90
 muon_normuon = True
 muon_polar_express = True
 muon_cautious_wd = True

@@ -26,7 +26,8 @@ PART_RATES = ("embedding_lr", "head_lr", "scalar_lr")
 # (optim/on_resume.py) and the "unused with optimizer='adamw'" note all read this table.
 MUON_OPTIONS = {"muon_momentum": ("momentum", None), "muon_momentum_warmup": ("momentum_warmup", 0),
                 "muon_cautious_wd": ("cautious_wd", False), "muon_normuon": ("normuon", False),
-                "muon_polar_express": ("polar_express", False), "muon_wd_cosine": ("wd_cosine", 0)}
+                "muon_polar_express": ("polar_express", False), "muon_wd_cosine": ("wd_cosine", 0),
+                "muon_momentum_warmdown": ("momentum_warmdown", 0.0)}
 MUON_SETTINGS = ("muon_lr", *MUON_OPTIONS, "muon_weight_decay")  # what optimizer="adamw" leaves unused
 DATA_KEYS = ("data_dir", "data_remote", "data_mix")  # three ways to name the data: one per run
 
@@ -123,6 +124,7 @@ class TrainConfig:
     lr_base_width: int = 0  # > 0: AdamW's rates (these 3, min_lr) are at this n_embd, x (lr_base_width/n_embd)**0.5
     muon_momentum: float = 0.95  # Muon's momentum (Nesterov)
     muon_momentum_warmup: int = 0  # Muon's momentum rises from 0.85 to muon_momentum over this many steps; 0 = off
+    muon_momentum_warmdown: float = 0.0  # > 0: the momentum falls linearly to this over wsd's warmdown; 0 = stays
     muon_cautious_wd: bool = False  # Muon's weight decay only where the update also pulls a weight towards 0
     muon_normuon: bool = False  # NorMuon: Muon's update evened out over output neurons by their second moment
     muon_polar_express: bool = False  # Muon's orthogonalisation: Polar Express's coefficients, not Newton-Schulz's
@@ -315,26 +317,36 @@ class TrainConfig:
         if self.muon_momentum_warmup < 0:
             errors.append(f"muon_momentum_warmup must be >= 0 optimizer steps (0 = off; modded-nanogpt: 300), got "
                           f"{self.muon_momentum_warmup}")
-        errors += self._check_muon_decay()
+        errors += self._check_muon_schedules()
         if self.optimizer == "muon" and self.fsdp:  # Newton-Schulz needs the whole matrix; a rank holds a shard
             errors.append("optimizer='muon' cannot run with fsdp=True (it orthogonalises whole 2-D weights, FSDP "
                           "shards them): set fsdp=False (DDP) or optimizer='adamw'")
         return errors
 
-    def _check_muon_decay(self) -> list[str]:
-        """muon_weight_decay (None or >= 0) and muon_wd_cosine (a run length in batches or tokens to fall over)."""
+    def _check_muon_schedules(self) -> list[str]:
+        """muon_weight_decay (None or >= 0), and what falls over the run's steps: muon_wd_cosine, and
+        muon_momentum_warmdown (a momentum, over lr_schedule="wsd"'s warmdown)."""
         from composer.core import Time, TimeUnit
 
+        errors = []
         if self.muon_weight_decay is not None and self.muon_weight_decay < 0:
-            return [f"muon_weight_decay must be >= 0 (or None: weight_decay's), got {self.muon_weight_decay}"]
+            errors.append(f"muon_weight_decay must be >= 0 (or None: weight_decay's), got {self.muon_weight_decay}")
+        if not 0 <= self.muon_momentum_warmdown < 1:
+            errors.append(f"muon_momentum_warmdown must be in [0, 1) (0 = off; nanochat: 0.9), got "
+                          f"{self.muon_momentum_warmdown}")
+        elif self.muon_momentum_warmdown and self.lr_schedule != "wsd":
+            errors.append(f"muon_momentum_warmdown={self.muon_momentum_warmdown:g} falls over lr_schedule='wsd''s "
+                          f"warmdown, which lr_schedule={self.lr_schedule!r} has not: set lr_schedule='wsd' or "
+                          "muon_momentum_warmdown=0")
         try:
             unit = Time.from_timestring(self.max_duration).unit
         except (ValueError, TypeError):
-            return []  # _check_schedule names it
-        if self.muon_wd_cosine and unit not in (TimeUnit.BATCH, TimeUnit.TOKEN):
-            return [f"muon_wd_cosine=True decays over the run's optimizer steps, which max_duration="
-                    f"{self.max_duration!r} does not give: write it in batches ('600ba') or tokens"]
-        return []
+            return errors  # _check_schedule names it
+        if unit not in (TimeUnit.BATCH, TimeUnit.TOKEN):
+            errors += [f"{k}={getattr(self, k)} falls over the run's optimizer steps, which max_duration="
+                       f"{self.max_duration!r} does not give: write it in batches ('600ba') or tokens"
+                       for k in ("muon_wd_cosine", "muon_momentum_warmdown") if getattr(self, k)]
+        return errors
 
     def max_batches(self) -> int:
         """max_duration in optimizer steps, from batches or tokens (global_batch_size x block_size a step)."""

@@ -68,12 +68,14 @@ def test_a_muon_run_resumes_loss_for_loss_in_one_process_and_in_two(shakespeare_
 
 def test_config_nanochat_trains_evaluates_and_resumes_loss_for_loss(shakespeare_bin, tmp_path, capsys):
     """config/nanochat.py after a size preset, through train.py: it learns, evaluates, resumes batch for batch (Muon's
-    weight-decay cosine and momentum warmup count steps in the checkpoint), and the plain loop that
-    docs/performance.md's fidelity runs use gives train.py's losses."""
+    weight-decay cosine, momentum warmup and warmdown count steps in the checkpoint: the momentum rises over batches
+    1-2 and falls over 3-6, across the resume), and the plain loop that docs/performance.md's fidelity runs use gives
+    train.py's losses."""
     run_dir = tmp_path / "run"
     args = [str(REPO / "config" / "tiny.py"), str(REPO / "config" / "nanochat.py"), f"--data_dir={shakespeare_bin}",
-            *SMALL, "--warmup=2ba", "--max_duration=6ba", "--save_interval=3ba", "--eval_interval=3ba",
-            "--sample_length=0", "--progress_bar=False", f"--save_folder={run_dir}", "--device=cpu", callbacks(run_dir)]
+            *SMALL, "--warmup=2ba", "--muon_momentum_warmup=2", "--max_duration=6ba", "--save_interval=3ba",
+            "--eval_interval=3ba", "--sample_length=0", "--progress_bar=False", f"--save_folder={run_dir}",
+            "--device=cpu", callbacks(run_dir)]
     train.main(args)
     whole = losses_by_batch(run_dir)
     assert sorted(whole) == [1, 2, 3, 4, 5, 6] and whole[6] < whole[1] - 0.1  # it learns

@@ -163,7 +163,7 @@ def test_muon_weight_decay_is_muons_alone_and_falls_as_a_cosine():
         torch.testing.assert_close(p.data, torch.full((4, 4), expected))
     tokens = load_config([*DATA, "--max_duration=1000tok", "--warmup=0.1dur", "--global_batch_size=4"])
     assert tokens.max_batches() == 16  # ceil(1000 / (4 x 16))
-    with pytest.raises(UserError, match=r"muon_wd_cosine=True decays over the run's optimizer steps, which max_dura"):
+    with pytest.raises(UserError, match=r"muon_wd_cosine=True falls over the run's optimizer steps, which max_dura"):
         load_config([*DATA, "--muon_wd_cosine=True", "--max_duration=1ep"])
     with pytest.raises(UserError, match=r"muon_weight_decay must be >= 0 \(or None: weight_decay's\), got -0.1"):
         load_config([*DATA, "--muon_weight_decay=-0.1"])
@@ -171,6 +171,56 @@ def test_muon_weight_decay_is_muons_alone_and_falls_as_a_cosine():
         load_config([*DATA, "--muon_weight_decay=nan"])
     with pytest.raises(UserError, match=r"muon_weight_decay must be a finite number, got inf"):
         make_config(dict(data_dir="d", muon_weight_decay=math.inf))
+
+
+def test_muon_momentum_falls_over_the_warmdown_as_nanochats():
+    from pilegpt.train import plain_loop
+    from pilegpt.train.config_load import load_config, make_config
+    from pilegpt.train.optim.groups import build_optimizer
+    from pilegpt.train.optim.muon import Muon, warmed_momentum
+    from pilegpt.train.optim.on_resume import setting_changes
+
+    cfg = load_config([*DATA, "--optimizer=muon", "--muon_momentum=0.97", "--muon_momentum_warmup=4",
+                       "--muon_momentum_warmdown=0.9", "--lr_schedule=wsd", "--warmdown=0.65", "--max_duration=20ba"])
+    muon = next(g for g in build_optimizer(plain_loop.build_model(cfg), cfg).param_groups if g["muon"])
+    assert muon["momentum_warmdown"] == [0.9, 7, 20]  # 20 - round(0.65 x 20): the learning rate's warmdown
+    # nanochat's get_muon_momentum(it), it = step - 1: 0.85 -> 0.97 over 4 steps, 0.97, then to 0.90 over 7 -> 20
+    nanochat = [0.85 + it / 4 * 0.12 if it < 4 else 0.97 - (it - 7) / 13 * 0.07 if it >= 7 else 0.97
+                for it in range(20)]
+    assert [warmed_momentum(muon, step) for step in range(1, 21)] == pytest.approx(nanochat)
+    assert warmed_momentum(muon, 40) == pytest.approx(0.9) and warmed_momentum(muon, None) == 0.97
+    overlap = dict(muon, momentum_warmdown=[0.9, 2, 20])  # the warmup wins where the two overlap (nanochat's order)
+    assert [warmed_momentum(overlap, s) for s in (3, 5)] == pytest.approx([0.91, 0.97 - 2 / 18 * 0.07])
+    p = torch.nn.Parameter(torch.zeros(4, 4))  # the buffer shows the momentum: buf <- m buf + (1 - m) g, g = 1
+    opt = Muon([dict(params=[p], muon=True)], lr=0.1, momentum=0.9, momentum_warmdown=[0.5, 1, 3])
+    seen = []
+    for _ in range(5):
+        before = opt.state[p]["momentum_buffer"].clone() if p in opt.state else torch.zeros(4, 4)
+        p.grad = torch.ones(4, 4)
+        opt.step()
+        seen.append(((1 - opt.state[p]["momentum_buffer"]) / (1 - before)).mean().item())
+    assert seen == pytest.approx([0.9, 0.9, 0.7, 0.5, 0.5])
+    before = dict(lr=0.02, weight_decay=0.1, momentum=0.97, muon=True)  # a checkpoint from before the key
+    assert setting_changes(before, muon) == ["muon_momentum_warmup=4 (was 0)",
+                                             "muon_momentum_warmdown=0.9 over steps 7-20 (was 0)"]
+    assert setting_changes(muon, dict(muon, momentum_warmdown=[0.9, 14, 40])) == [
+        "muon_momentum_warmdown=0.9 over steps 14-40 (was 0.9 over steps 7-20)"]
+    for bad, message in (("--muon_momentum_warmdown=1", r"muon_momentum_warmdown must be in \[0, 1\) \(0 = off; "
+                                                        r"nanochat: 0.9\), got 1.0"),
+                         ("--muon_momentum_warmdown=-0.5", r"must be in \[0, 1\) .*got -0.5"),
+                         ("--muon_momentum_warmdown=nan", r"muon_momentum_warmdown must be float, got 'nan'"),
+                         ("--muon_momentum_warmdown=fast", r"muon_momentum_warmdown must be float, got 'fast'")):
+        with pytest.raises(UserError, match=message):
+            load_config([*DATA, "--lr_schedule=wsd", bad])
+    with pytest.raises(UserError, match=r"muon_momentum_warmdown=0.9 falls over lr_schedule='wsd''s warmdown, which "
+                                        r"lr_schedule='cosine' has not: set lr_schedule='wsd' or"):
+        load_config([*DATA, "--muon_momentum_warmdown=0.9"])
+    with pytest.raises(UserError, match=r"muon_momentum_warmdown=0.9 falls over the run's optimizer steps, which "
+                                        r"max_duration='2ep' does not give"):
+        load_config([*DATA, "--lr_schedule=wsd", "--muon_momentum_warmdown=0.9", "--max_duration=2ep"])
+    with pytest.raises(UserError, match=r"muon_momentum_warmdown must be a finite number, got inf"):
+        make_config(dict(data_dir="d", lr_schedule="wsd", muon_momentum_warmdown=math.inf))
+    assert make_config(dict(data_dir="d", lr_schedule="wsd", muon_momentum_warmdown=0.0)).muon_momentum_warmdown == 0
 
 
 def test_config_nanochat_loads_after_a_size_preset_and_refuses_export():

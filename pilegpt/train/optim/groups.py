@@ -36,6 +36,9 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig, fused: bool = False) -> 
     if cfg.optimizer == "muon":
         options = {key: getattr(cfg, setting) for setting, (key, _) in MUON_OPTIONS.items()}
         options["wd_cosine"] = cfg.max_batches() if cfg.muon_wd_cosine else 0  # Muon's decay falls to 0 by the end
+        if cfg.muon_momentum_warmdown:  # [end, first, last]: over the learning rate's warmdown (lr_schedule="wsd")
+            n = cfg.max_batches()
+            options["momentum_warmdown"] = [cfg.muon_momentum_warmdown, n - round(cfg.warmdown * n), n]
         return Muon(groups, betas=(cfg.beta1, cfg.beta2), **options)
     return torch.optim.AdamW(groups, lr=cfg.adamw_lr(), betas=(cfg.beta1, cfg.beta2), fused=fused)
 

@@ -56,13 +56,20 @@ def newton_schulz(grad: torch.Tensor, steps: int = NS_STEPS, polar_express: bool
 
 
 def warmed_momentum(group: dict, step: int | None) -> float:
-    """The group's momentum at a parameter's step (1 on the first; None, a checkpoint from before the count: the
-    warmup is over), under momentum_warmup."""
-    warmup, m = group.get("momentum_warmup", 0), group["momentum"]
-    if not warmup or step is None:
+    """The group's momentum at a parameter's step (1 on the first; None, a checkpoint from before the count: as set),
+    nanochat's schedule: rising from MOMENTUM_START over momentum_warmup's steps, then `momentum`, then under
+    momentum_warmdown = [end, first, last] falling linearly to `end` from step `first` to `last` (steps from 0, as
+    the learning rate's warmdown; the warmup wins where the two overlap)."""
+    m = group["momentum"]
+    if step is None:
         return m
-    frac = min(1.0, (step - 1) / warmup)
-    return MOMENTUM_START + frac * (m - MOMENTUM_START) if m > MOMENTUM_START else m
+    it, warmup, fall = step - 1, group.get("momentum_warmup", 0), group.get("momentum_warmdown") or 0
+    if warmup and it < warmup:
+        return MOMENTUM_START + it / warmup * (m - MOMENTUM_START) if m > MOMENTUM_START else m
+    if fall and it >= fall[1]:
+        end, first, last = fall
+        return m + min(1.0, (it - first) / max(1, last - first)) * (end - m)
+    return m
 
 
 def decayed(group: dict, step: int | None) -> float:
@@ -110,14 +117,17 @@ class Muon(torch.optim.Optimizer):
     as the decay does (sign(update) = sign(weight); Chen et al. 2025, "Cautious Weight Decay"); normuon: the
     orthogonalised update's rows (output neurons) evened out by their second moment (neuron_update); polar_express:
     orthogonalize's Polar Express coefficients; wd_cosine > 0: Muon's weight decay falls as a cosine from its value
-    to 0 over that many of its steps (nanochat's), then stays 0."""
+    to 0 over that many of its steps (nanochat's), then stays 0; momentum_warmdown = [end, first, last]: the momentum
+    falls linearly to `end` over those steps (nanochat's, over the learning rate's warmdown; 0 = off)."""
 
     def __init__(self, params, lr: float = 0.02, momentum: float = 0.95, betas: tuple[float, float] = (0.9, 0.95),
                  eps: float = 1e-8, weight_decay: float = 0.0, fused: bool = True, momentum_warmup: int = 0,
-                 cautious_wd: bool = False, normuon: bool = False, polar_express: bool = False, wd_cosine: int = 0):
+                 cautious_wd: bool = False, normuon: bool = False, polar_express: bool = False, wd_cosine: int = 0,
+                 momentum_warmdown: list | float = 0.0):
         defaults = dict(lr=lr, momentum=momentum, betas=betas, eps=eps, weight_decay=weight_decay, muon=False,
                         fused=fused, momentum_warmup=momentum_warmup, cautious_wd=cautious_wd, normuon=normuon,
-                        polar_express=polar_express, wd_cosine=wd_cosine)
+                        polar_express=polar_express, wd_cosine=wd_cosine,
+                        momentum_warmdown=momentum_warmdown)
         super().__init__(params, defaults)
         self._steps: dict = {}  # parameter -> its Muon step count as a Python int (None: not counted)
         self.register_load_state_dict_post_hook(Muon._read_steps)

@@ -1,10 +1,10 @@
 """The run's optimizer settings on autoresume: Composer restores each parameter group's hyperparameters (lr,
 weight_decay, betas, Muon's momentum and its options) and the schedule's base learning rates from the checkpoint, so
 that a changed learning_rate, muon_lr, embedding_lr, head_lr, weight_decay, beta1, beta2, muon_momentum,
-muon_momentum_warmup, muon_cautious_wd, muon_normuon or muon_polar_express would be ignored in silence while
-config.json records the new value. Here the run's settings replace them; the optimizer's state (moments, momentum
-buffers, step counts) stays the checkpoint's. warmup, min_lr and max_duration need nothing: the schedule reads them
-each batch.
+muon_momentum_warmup, muon_momentum_warmdown, muon_cautious_wd, muon_normuon or muon_polar_express would be ignored
+in silence while config.json records the new value. Here the run's settings replace them; the optimizer's state
+(moments, momentum buffers, step counts) stays the checkpoint's. warmup and min_lr need nothing: the schedule reads
+them each batch (max_duration too, but where muon_wd_cosine or muon_momentum_warmdown hold its steps).
 
     built = group_settings(optimizer)                     # before the Trainer loads a checkpoint into it
     changes = apply_group_settings(optimizer, scheduler, built)   # after: ["learning_rate=0.001 (was 0.003)", ...]
@@ -78,8 +78,17 @@ def setting_changes(group: dict, ours: dict) -> list[str]:
     for key, setting in SETTING_OF.items():
         old = group.get(key, BEFORE_THEM.get(key))
         if key in ours and old != ours[key] and (key not in MUON_ONLY or ours.get("muon")):
-            changes.append(f"{setting}={ours[key]:g} (was {old:g})" if isinstance(old, float) else
-                           f"{setting}={ours[key]} (was {old})")
+            changes.append(f"{setting}={shown(ours[key])} (was {shown(old)})")
     for name, old, new in zip(("beta1", "beta2"), group.get("betas", ()), ours.get("betas", ())):
         changes += [f"{name}={new:g} (was {old:g})"] if old != new else []
     return changes
+
+
+def shown(value: Any) -> str:
+    """A group's value as its setting says it: a float in %g; momentum_warmdown's [end, first, last] as its end and
+    the steps it falls over."""
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (list, tuple)) and len(value) == 3:
+        return f"{value[0]:g} over steps {value[1]}-{value[2]}"
+    return str(value)
