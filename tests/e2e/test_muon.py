@@ -54,11 +54,7 @@ def test_a_muon_run_resumes_loss_for_loss_in_one_process_and_in_two(shakespeare_
     simulate_crash_after(run_dir, keep_batch=3)  # 1 process resumes: its batches 4-6 are the whole run's
     capsys.readouterr()
     train.main([*args, "--autoresume=True"])
-    out = capsys.readouterr().out
-    assert_resumed_where_it_stopped(run_dir, out, keep_batch=3, last_batch=6)
-    assert "autoresume: this run's" not in out  # the checkpoint's groups are the run's settings, the warmdown's too
-    muon = checkpoint_state(run_dir / "ep0-ba6-rank0.pt")["optimizers"]["Muon"]["param_groups"][0]
-    assert (muon["momentum"], muon["momentum_warmup"], muon["momentum_warmdown"]) == (0.97, 2, [0.9, 2, 6])
+    assert_resumed_where_it_stopped(run_dir, capsys.readouterr().out, keep_batch=3, last_batch=6)
 
     simulate_crash_after(run_dir, keep_batch=3)  # 2 processes resume: each half of every global batch
     out = succeeded(run_train([*args, "--autoresume=True"], tmp_path, nproc=2))
