@@ -8,7 +8,8 @@
 # What nanochat has that this file cannot set, and why:
 # - one AdamW beta pair and eps (0.8, 0.95, 1e-8) for every AdamW group; nanochat gives each its own (betas 0.8/0.96
 #   on the head, 0.8/0.995 on the embeddings, 0.96 beta1 on x0_lambdas; eps 1e-10) and small weight decays
-#   (0.001-0.05, here 0): per-group knobs no other preset would use.
+#   (0.001-0.05, here 0): per-group knobs no other preset would use. The largest missing piece measured: 0.034 of
+#   this file's 0.054 above nanochat's own code at 6 x 256, seed 0 (docs/performance.md#nanochats-recipe).
 # - the value embeddings at half embedding_lr, the smear and backout scalars at 0.2 (here scalar_lr's 0.5, x0's
 #   rate), resid_lambdas at 0.005 at every width (here learning_rate, which lr_base_width scales: 0.012 at 128 wide).
 # - Muon: NorMuon's second moment at beta 0.9 (here beta2's 0.95) and over input columns for wide matrices (here
