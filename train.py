@@ -76,6 +76,7 @@ from pilegpt.train.data.loaders import (
 )
 from pilegpt.train.data.mix import component_name, shares_line
 from pilegpt.train.extensions import build_algorithms, build_callbacks
+from pilegpt.train.fsdp import fsdp_config, mean_gradients
 from pilegpt.train.metrics import BitsPerByte, CrossEntropyFromLoss, PerplexityFromLoss, token_bytes
 from pilegpt.train.optim.groups import build_optimizer
 from pilegpt.train.optim.muon import Muon
@@ -214,8 +215,6 @@ def resolve_system(cfg: TrainConfig, world: World) -> tuple[str, str]:
         if cfg.device_train_microbatch_size == "auto":
             raise UserError("device_train_microbatch_size='auto' works on GPU only: pass an integer on CPU, "
                             "e.g. --device_train_microbatch_size=8")
-        if cfg.fsdp:
-            raise UserError("fsdp=True needs GPUs: pass --fsdp=False on CPU")
         if cfg.cpu_malloc_tune:
             tune_glibc_malloc()
         if world.local_size > 1 and "OMP_NUM_THREADS" not in os.environ:
@@ -243,6 +242,7 @@ def build_model(cfg: TrainConfig, pretrained: Pretrained, folder: RunFolder, wor
     if cfg.model_class:
         return build_custom_model(cfg, world)
     model = ComposerGPT(cfg.model_config(), data_tokenizer(cfg), cfg.initial_gpt())  # (the plain loop's start too)
+    model.model.checkpoint_blocks = cfg.activation_checkpointing
     if source is not None:  # weights only: the optimizer and the schedule start fresh
         model.model.load_state_dict(source.state_dict())
         origin = f"{source.num_params() / 1e6:.2f}M weights from {origin}"
@@ -293,14 +293,15 @@ def build_trainer(cfg: TrainConfig, model: ComposerGPT, folder: RunFolder, world
             device_train_microbatch_size=min(microbatch, cfg.per_rank_batch(world.size))
             if isinstance(microbatch, int) else "auto",
             compile_config={} if cfg.compile else None,
-            parallelism_config={"fsdp": {"sharding_strategy": "FULL_SHARD", "mixed_precision": "DEFAULT",
-                                         "state_dict_type": "full"}} if cfg.fsdp else None,
+            parallelism_config={"fsdp": fsdp_config()} if cfg.fsdp else None,  # FSDP2: pilegpt/train/fsdp.py
             save_folder=folder.save_folder, save_interval=cfg.save_interval, save_overwrite=cfg.save_overwrite,
             # an s3:// run keeps no local copies: each checkpoint leaves the saver's folder for the upload
             save_num_checkpoints_to_keep=cfg.save_num_checkpoints_to_keep if out.uploads is None else -1,
             autoresume=cfg.autoresume, run_name=cfg.run_name, seed=cfg.seed, dist_timeout=cfg.dist_timeout,
             callbacks=out.callbacks, loggers=out.loggers, progress_bar=cfg.progress_bar, log_to_console=False,
         )
+    if cfg.fsdp:
+        mean_gradients(trainer.state.model)  # gloo sums where FSDP2 asks for a mean (pilegpt/train/fsdp.py)
     if out.uploads is not None:
         out.uploads.take_saver_copies(trainer, folder.remote.prefix)
     if folder.resuming:

@@ -23,6 +23,7 @@ from model import GPT, sample_next
 from pilegpt import compat, model_contract
 from pilegpt.checkpoint import EXPORT_NAME, save_export
 from pilegpt.common import UserError
+from pilegpt.train.optim.split import local_shard
 
 
 def composer_model(state: State) -> ComposerModel:
@@ -250,8 +251,9 @@ class StopOnNonFinite(Callback):
         super().run_event(event, state, logger)
         due = event in (Event.BATCH_CHECKPOINT, Event.EPOCH_CHECKPOINT) and self.should_check(state, event)
         if (due or event == Event.FIT_END) and self.once.new_batch(state) is not None:
-            params = [p.detach() for p in composer_model(state).parameters()]
-            largest = torch.nn.utils.get_total_norm(params, norm_type=math.inf).float().reshape(1)  # NaN if any
+            params = [t for p in composer_model(state).parameters() if (t := local_shard(p.detach())).numel()]
+            largest = (torch.nn.utils.get_total_norm(params, norm_type=math.inf).float().reshape(1) if params
+                       else torch.zeros(1))  # NaN if any; FSDP: this rank's shards (a small one may have none)
             bad = (~torch.isfinite(largest)).float()
             dist.all_reduce(bad, reduce_operation="MAX")  # every rank stops together
             if bad.item():

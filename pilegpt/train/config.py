@@ -62,8 +62,10 @@ ON_RESUME = {
     **dict.fromkeys(("eval_interval", "eval_subset_num_batches", "eval_data", "hellaswag_examples", "hellaswag_data",
                      "core_examples", "core_data", "sample_prompt", "sample_length"),
                     (USED, "evaluations and samples from the resume on")),
-    **dict.fromkeys(("device", "precision", "compile", "fsdp", "cpu_malloc_tune", "dist_timeout", "preemption_grace_s"),
-                    (USED, "how this process runs; the checkpoint holds whole weights and optimizer state")),
+    **dict.fromkeys(("device", "precision", "compile", "activation_checkpointing", "cpu_malloc_tune", "dist_timeout",
+                     "preemption_grace_s"), (USED, "how this process runs; the checkpoint holds weights and state")),
+    "fsdp": (REFUSED, "another checkpoint format: fsdp=True's are sharded folders, fsdp=False's whole files (either "
+                      "resumes on any number of processes)"),
     **dict.fromkeys(("run_name", "save_folder", "autoresume", "save_overwrite", "data_changed_ok"),
                     (USED, "they find the run and say what a resume may do")),
     **dict.fromkeys(("save_interval", "save_num_checkpoints_to_keep", "progress_bar", "log_interval", "speed_window",
@@ -153,7 +155,8 @@ class TrainConfig:
     device: str = "auto"  # "auto" (GPU when CUDA is available), "gpu" or "cpu"
     precision: str = "auto"  # "auto" (amp_bf16 on GPU, fp32 on CPU), "fp32", "amp_bf16", "amp_fp16"
     compile: Union[bool, str] = False  # torch.compile the model; "auto": on a GPU only (config/pile*.py)
-    fsdp: bool = False  # shard parameters, gradients and optimizer state over GPUs (FSDP FULL_SHARD)
+    fsdp: bool = False  # shard parameters, gradients and optimizer state over the processes (FSDP2; GPU or CPU)
+    activation_checkpointing: bool = False  # recompute each Block's activations in the backward pass (less memory)
     seed: int = 1337  # seeds model init, data order and dropout
     cpu_malloc_tune: bool = True  # on CPU with glibc: keep big freed blocks for reuse (fewer page faults)
     dist_timeout: float = 300.0  # seconds a process waits for the job's others (at start, in a collective)
@@ -318,9 +321,6 @@ class TrainConfig:
             errors.append(f"muon_momentum_warmup must be >= 0 optimizer steps (0 = off; modded-nanogpt: 300), got "
                           f"{self.muon_momentum_warmup}")
         errors += self._check_muon_schedules()
-        if self.optimizer == "muon" and self.fsdp:  # Newton-Schulz needs the whole matrix; a rank holds a shard
-            errors.append("optimizer='muon' cannot run with fsdp=True (it orthogonalises whole 2-D weights, FSDP "
-                          "shards them): set fsdp=False (DDP) or optimizer='adamw'")
         return errors
 
     def _check_muon_schedules(self) -> list[str]:
@@ -436,6 +436,12 @@ class TrainConfig:
             errors.append(f"device must be 'auto', 'gpu' or 'cpu', got {self.device!r}")
         if self.precision not in ("auto", "fp32", "amp_bf16", "amp_fp16"):
             errors.append(f"precision must be 'auto', 'fp32', 'amp_bf16' or 'amp_fp16', got {self.precision!r}")
+        if self.fsdp and self.device_train_microbatch_size == "auto":
+            errors.append("device_train_microbatch_size='auto' does not work with fsdp=True (Composer's FSDP2 has no "
+                          "automatic microbatching): give an integer, e.g. --device_train_microbatch_size=8")
+        if self.activation_checkpointing and self.model_class:
+            errors.append(f"activation_checkpointing recomputes model.py's Blocks, which model_class="
+                          f"{self.model_class} does not have: set activation_checkpointing=False")
         if isinstance(self.compile, str) and self.compile != "auto":
             errors.append(f"compile must be True, False or 'auto' (on a GPU only), got {self.compile!r}")
         return errors

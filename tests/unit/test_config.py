@@ -232,7 +232,7 @@ OTHER_VALUE = {"n_layer": 3, "n_head": 4, "n_embd": 384, "block_size": 512, "voc
                "qk_norm": True, "tie_embeddings": False, "logit_softcap": 15.0, "x0_scalars": True,
                "value_embeds": True, "model_class": "mypkg:Model", "model_args": {"width": 8},
                "optimizer": "muon", "seed": 7, "init_from": "gpt2", "embed_norm": True,
-               "smear": True, "backout": True, "qk_scale": 1.2, "weight_init": "nanochat"}
+               "smear": True, "backout": True, "qk_scale": 1.2, "weight_init": "nanochat", "fsdp": True}
 
 
 def settings_of_kind(kind: str) -> set[str]:

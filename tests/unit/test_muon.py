@@ -182,13 +182,12 @@ def test_a_model_without_hidden_matrices_is_one_line():
         param_groups(nn.Linear(4, 4), "muon", 0.1, 0.02, 1e-3)
 
 
-def test_muon_settings_are_checked_and_fsdp_is_refused():
+def test_muon_settings_are_checked_and_run_with_fsdp():
     cfg = train_config.load_config([*DATA, "--optimizer=muon", "--muon_lr=0.05", "--muon_momentum=0.9"])
     assert (cfg.optimizer, cfg.muon_lr, cfg.muon_momentum) == ("muon", 0.05, 0.9)
     with pytest.raises(UserError, match="optimizer must be 'adamw' or 'muon', got 'sgd'"):
         train_config.load_config([*DATA, "--optimizer=sgd"])
-    with pytest.raises(UserError, match=r"optimizer='muon' cannot run with fsdp=True .* set fsdp=False"):
-        train_config.load_config([*DATA, "--optimizer=muon", "--fsdp=True"])
+    assert train_config.load_config([*DATA, "--optimizer=muon", "--fsdp=True"]).fsdp  # optim/split.py's sharded step
     with pytest.raises(UserError, match=r"muon_momentum must be in \[0, 1\), got 1.0"):
         train_config.load_config([*DATA, "--muon_momentum=1.0"])
     with pytest.raises(UserError, match="muon_lr must be > 0"):

@@ -10,7 +10,16 @@ import math
 import torch
 from torch.optim.adamw import adamw
 
-from pilegpt.train.optim.split import by_shape, orthogonalize_shared, split_line, world_and_rank
+from pilegpt.train.optim.split import (
+    by_shape,
+    by_shape_of,
+    is_sharded,
+    local_shard,
+    orthogonalize_sharded,
+    orthogonalize_shared,
+    split_line,
+    world_and_rank,
+)
 
 # The quintic Newton-Schulz iteration X <- a X + b (X X^T) X + c (X X^T)^2 X of modded-nanogpt and nanochat, with
 # their coefficients: a steep slope at 0 (a = 3.4445) pulls small singular values up in few steps, at the price of
@@ -90,20 +99,51 @@ def neuron_update(update: torch.Tensor, state: dict, beta2: float) -> torch.Tens
     return neuron_updates([update], [state], beta2)[0]
 
 
-def neuron_updates(updates: list[torch.Tensor], states: list[dict], beta2: float) -> list[torch.Tensor]:
+def neuron_updates(updates: list[torch.Tensor], states: list[dict], beta2: float, shapes: list[tuple] | None = None,
+                   group=None) -> list[torch.Tensor]:
     """neuron_update of each update (its state's neuron_sq already there): the EMAs in one foreach lerp, the
-    rescaling of each shape's updates as one stack."""
-    torch._foreach_lerp_([s["neuron_sq"] for s in states], [u.float().square().mean(dim=1) for u in updates],
-                         1 - beta2)
+    rescaling of each shape's updates as one stack. Under FSDP (group: the ranks that hold the other rows) the
+    updates and neuron_sq are this rank's rows of matrices of full shapes `shapes`, and the Frobenius norms are
+    summed over the ranks."""
+    torch._foreach_lerp_([local_shard(s["neuron_sq"]) for s in states],
+                         [u.float().square().mean(dim=1) for u in updates], 1 - beta2)
     out: list = [None] * len(updates)
-    for indices in by_shape(updates).values():
+    for indices in by_shape_of(shapes or [u.shape for u in updates]).values():
         u = torch.stack([updates[i] for i in indices])
-        sq = torch.stack([states[i]["neuron_sq"] for i in indices])
+        sq = torch.stack([local_shard(states[i]["neuron_sq"]) for i in indices])
         normed = u / (sq.sqrt()[:, :, None] + 1e-12).to(u.dtype)
-        normed = normed * (u.norm(dim=(1, 2), keepdim=True) / (normed.norm(dim=(1, 2), keepdim=True) + 1e-12))
+        normed = normed * (frobenius(u, group) / (frobenius(normed, group) + 1e-12))
         for j, i in enumerate(indices):
             out[i] = normed[j]
     return out
+
+
+def frobenius(stack: torch.Tensor, group=None) -> torch.Tensor:
+    """Each matrix's Frobenius norm in a (k, m, n) stack, (k, 1, 1); with a group, of the matrices whose rows the
+    group's ranks hold between them (one all-reduce)."""
+    if group is None:
+        return stack.norm(dim=(1, 2), keepdim=True)
+    squares = stack.float().square().sum(dim=(1, 2), keepdim=True)
+    torch.distributed.all_reduce(squares, group=group)
+    return squares.sqrt().to(stack.dtype)
+
+
+def shard_group(p: torch.Tensor):
+    """The process group over which FSDP splits p's rows, or None: p is whole on this rank (no FSDP, or one rank)."""
+    if not is_sharded(p) or p.device_mesh.size() == 1:
+        return None
+    return p.device_mesh.get_group()
+
+
+def rows_like(p: torch.Tensor) -> torch.Tensor:
+    """A float32 zero per row of p (NorMuon's neuron_sq), split over the ranks as p's rows are (FSDP: a DTensor, so
+    that a checkpoint holds each rank's part)."""
+    local = torch.zeros(local_shard(p).size(0), dtype=torch.float32, device=local_shard(p).device)
+    if not is_sharded(p):
+        return local
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(local, p.device_mesh, p.placements, run_check=False, shape=(p.size(0),), stride=(1,))
 
 
 class Muon(torch.optim.Optimizer):
@@ -161,26 +201,28 @@ class Muon(torch.optim.Optimizer):
     def _muon_step(self, group: dict) -> None:
         """buf <- m buf + (1 - m) g; the Nesterov direction (1 - m) g + m buf, orthogonalised (each shape's matrices
         in one batched chain, shared across ranks: optim/split.py) and scaled. Foreach ops and stacks throughout,
-        and no host sync: the step counts momentum_warmup reads are kept as Python ints too (_counted)."""
+        and no host sync: the step counts momentum_warmup reads are kept as Python ints too (_counted). Under FSDP
+        every tensor is this rank's rows (local_shard) and only the orthogonalisation sees whole matrices."""
         params = [p for p in group["params"] if p.grad is not None]
         if not params:
             return
-        states, grads = [self._counted(p) for p in params], [p.grad for p in params]
-        bufs = [s["momentum_buffer"] for s in states]
+        states, grads = [self._counted(p) for p in params], [local_shard(p.grad) for p in params]
+        bufs = [local_shard(s["momentum_buffer"]) for s in states]
         directions: list = [None] * len(params)
         for m, indices in self._by_momentum(group, params).items():
             torch._foreach_lerp_([bufs[i] for i in indices], [grads[i] for i in indices], 1 - m)
             for i, d in zip(indices, torch._foreach_lerp([grads[i] for i in indices], [bufs[i] for i in indices], m)):
                 directions[i] = d
-        world, rank = world_and_rank()
         orthogonalize_stack = functools.partial(newton_schulz, polar_express=group.get("polar_express", False))
-        updates = [u.to(p.dtype) for u, p in
-                   zip(orthogonalize_shared(directions, orthogonalize_stack, world, rank), params)]
+        shapes, rows_of = [tuple(p.shape) for p in params], shard_group(params[0])
+        updates = [u.to(p.dtype) for u, p in zip(
+            orthogonalize_sharded(directions, shapes, orthogonalize_stack, rows_of) if rows_of is not None
+            else orthogonalize_shared(directions, orthogonalize_stack, *world_and_rank()), params)]
         if group.get("normuon"):
             for p, state in zip(params, states):
                 if "neuron_sq" not in state:
-                    state["neuron_sq"] = torch.zeros(p.size(0), dtype=torch.float32, device=p.device)
-            updates = neuron_updates(updates, states, group["betas"][1])
+                    state["neuron_sq"] = rows_like(p)
+            updates = neuron_updates(updates, states, group["betas"][1], shapes, rows_of)
         self._apply(group, params, updates)
 
     def _counted(self, p: torch.Tensor) -> dict:
@@ -214,7 +256,7 @@ class Muon(torch.optim.Optimizer):
         for i, p in enumerate(params):
             by_decay.setdefault(decayed(group, self._steps.get(p)), []).append(i)
         for decay, indices in by_decay.items():
-            ps, us = [params[i] for i in indices], [updates[i] for i in indices]
+            ps, us = [local_shard(params[i]) for i in indices], [updates[i] for i in indices]
             if group.get("cautious_wd") and decay:  # mask = 1 where update * p > 0, else 0
                 masks = torch._foreach_clamp_min(torch._foreach_sign(torch._foreach_mul(us, ps)), 0.0)
                 torch._foreach_add_(ps, torch._foreach_mul(ps, masks), alpha=-lr * decay)
@@ -224,7 +266,7 @@ class Muon(torch.optim.Optimizer):
             # An m x n semi-orthogonal matrix has RMS 1/sqrt(max(m, n)); times sqrt(max(1, m/n)) every update has
             # RMS 1/sqrt(n), n = the fan-in (nn.Linear's weight is (out, in)), so one lr suits every shape.
             rows, cols = params[indices[0]].shape
-            torch._foreach_add_([params[i] for i in indices], [updates[i] for i in indices],
+            torch._foreach_add_([local_shard(params[i]) for i in indices], [updates[i] for i in indices],
                                 alpha=-lr * max(1.0, rows / cols) ** 0.5)
 
     def split_line(self) -> str:
@@ -241,10 +283,10 @@ class Muon(torch.optim.Optimizer):
                                  else torch.tensor(0.0))
                 state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            params.append(p)
-            grads.append(p.grad)
-            exp_avgs.append(state["exp_avg"])
-            exp_avg_sqs.append(state["exp_avg_sq"])
+            params.append(local_shard(p))  # FSDP: this rank's part of each (AdamW's step is elementwise)
+            grads.append(local_shard(p.grad))
+            exp_avgs.append(local_shard(state["exp_avg"]))
+            exp_avg_sqs.append(local_shard(state["exp_avg_sq"]))
             steps.append(state["step"])
         if not params:
             return
