@@ -4,7 +4,7 @@ sizes and the disk they fill, hours, GPU-hours and cost, for train.py's settings
 Usage:
     python plan.py config/pile.py                                      # 8 H100s, the MFU measured on one H200
     python plan.py config/pile.py config/modern.py --gpus 8xH200 --usd-per-gpu-hour 3.5
-    python plan.py config/pile_1.3b.py --gpus 16xA100 --mfu 0.35 --max_duration=30000000000tok
+    python plan.py config/pile_1.3b.py --gpus 8xA100 --mfu 0.35 --max_duration=40000ba
 
 The settings are train.py's (config files and --key=value, read as train.py reads them). Nothing is trained and no
 data is read: the model is built on torch's meta device (shapes, no weights). How each figure is made:
@@ -128,7 +128,7 @@ def positive_number(text: Optional[str], option: str, at_most: float = math.inf)
         value = float(text)
     except ValueError:
         value = math.nan
-    if not (0 < value <= at_most):  # nan fails both
+    if not (math.isfinite(value) and 0 < value <= at_most):
         bound = "a number in (0, 1], e.g. 0.4" if at_most == 1 else "a positive number, e.g. 2.5 (omit it: no cost)"
         raise UserError(f"{option} {text!r}: must be {bound}")
     return value
@@ -136,6 +136,7 @@ def positive_number(text: Optional[str], option: str, at_most: float = math.inf)
 
 def read_settings(rest: list[str]):
     """train.py's TrainConfig from the config files and --key=value arguments (train.py's own loader and checks)."""
+    from pilegpt.train.config import DATA_KEYS
     from pilegpt.train.config_load import config_values, make_config
 
     stray = [a for a in rest if a.startswith("-") and not (a.startswith("--") and "=" in a)]
@@ -146,6 +147,8 @@ def read_settings(rest: list[str]):
         raise UserError("plan.py: name a config file, e.g. python plan.py config/pile.py")
     load_dotenv_file()  # config files may read paths from the environment, as train.py's do
     values = config_values(rest)
+    if not any(values.get(key) for key in DATA_KEYS):  # the data is not read here: a config without it plans too
+        values["data_dir"] = "data"
     if values.get("init_from", "scratch") != "scratch":
         raise UserError(f"plan.py plans a run from scratch; init_from={values['init_from']} takes its shape from "
                         "weights it would download: give that shape (n_layer, n_head, n_embd, ...) instead")
