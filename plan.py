@@ -72,6 +72,7 @@ class Plan:
     export: int  # bytes of model.pt: the fp32 weights
     saves: Optional[int]  # checkpoints the run writes; None: save_interval in epochs (the data decides)
     kept: Optional[int]  # of them on the local disk at the end (an s3:// save_folder keeps none)
+    local: bool  # save_folder is a local folder
     mfu: float
     mfu_source: str
     notes: list[str]
@@ -313,7 +314,7 @@ def checkpoints_written(cfg, steps: int) -> Optional[int]:
 
 def make_plan(cfg, gpus: Gpus, mfu: Optional[float]) -> Plan:
     """Every figure for cfg on gpus, at mfu (None: MEASURED_MFU for cfg's compile setting)."""
-    from pilegpt import model_contract
+    from pilegpt import model_contract, storage
 
     if str(cfg.max_duration).endswith("ep"):
         raise UserError(f"max_duration={cfg.max_duration}: epochs depend on the data, which plan.py does not read: "
@@ -329,7 +330,7 @@ def make_plan(cfg, gpus: Gpus, mfu: Optional[float]) -> Plan:
     activations, notes = activation_bytes(model, cfg, microbatch)
     measured_mfu, source = MEASURED_MFU[cfg.compile is not False]
     saves = checkpoints_written(cfg, steps)
-    local = not cfg.save_folder.startswith("s3://")
+    local = not storage.is_remote(cfg.save_folder)
     keep = cfg.save_num_checkpoints_to_keep
     kept = None if saves is None else (0 if not local else saves if keep < 0 else min(keep, saves))
     return Plan(gpus=gpus, params=param_count(model), steps=steps,
@@ -337,7 +338,7 @@ def make_plan(cfg, gpus: Gpus, mfu: Optional[float]) -> Plan:
                 flops_per_token=model_contract.flops_per_token(model), microbatch=microbatch,
                 weights=weights / shard, gradients=grads / shard, optimizer=opt / shard, activations=activations,
                 logits_grad=4 * microbatch * cfg.block_size * cfg.vocab_size,
-                checkpoint=weights + opt, export=weights, saves=saves, kept=kept,
+                checkpoint=weights + opt, export=weights, saves=saves, kept=kept, local=local,
                 mfu=mfu if mfu is not None else measured_mfu, mfu_source="given" if mfu is not None else source,
                 notes=notes)
 
@@ -376,14 +377,16 @@ def memory_lines(plan: Plan, cfg) -> list[str]:
 
 
 def run_lines(plan: Plan, cfg, price: Optional[float]) -> list[str]:
-    where = "on local disk" if not cfg.save_folder.startswith("s3://") else "on local disk (s3:// keeps every one)"
     lines = [f"checkpoint        {gb(plan.checkpoint)} each (Composer's: fp32 weights + optimizer state); model.pt "
              f"{gb(plan.export)} (fp32 weights)"]
     if plan.saves is None:
         lines.append(f"disk              n/a: save_interval={cfg.save_interval} is in epochs, which the data decides")
     else:
-        lines.append(f"disk              {plan.saves} checkpoints written ({gb(plan.saves * plan.checkpoint)}); "
-                     f"{plan.kept} kept {where} + model.pt = {gb(plan.kept * plan.checkpoint + plan.export)}")
+        written = f"disk              {plan.saves} checkpoints written ({gb(plan.saves * plan.checkpoint)}); "
+        lines.append(written + (f"{plan.kept} kept on local disk + model.pt = "
+                                f"{gb(plan.kept * plan.checkpoint + plan.export)}" if plan.local else
+                                f"the bucket keeps every one + model.pt = "
+                                f"{gb(plan.saves * plan.checkpoint + plan.export)}, none kept on local disk"))
     if plan.hours is None:
         return lines + ["time              n/a: the model counts no FLOPs (flops_per_token())"]
     gpu_hours = plan.hours * plan.gpus.count

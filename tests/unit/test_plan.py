@@ -33,7 +33,7 @@ def h200_row(variant: str) -> list[str]:
     return [cell.strip() for cell in row.strip("|").split("|")]
 
 
-@pytest.mark.parametrize("presets", [[PILE], [PILE, MODERN], [NANOCHAT]])
+@pytest.mark.parametrize("presets", [[PILE], [PILE, MODERN, *SMALL_SHAPE], [NANOCHAT, *SMALL_SHAPE]])
 def test_parameters_are_a_built_models_own_count(presets):
     got, cfg = planned(presets)
     model = cfg.initial_gpt()
@@ -170,6 +170,15 @@ def test_checkpoints_written_are_one_at_each_interval_and_one_at_the_end(every, 
     written = {b for b in range(1, steps + 1) if b % batches == 0} | {steps}
     assert plan.checkpoints_written(cfg, steps) == len(written)
     assert plan.checkpoints_written(load_config([TINY, "--save_interval=1ep"]), steps) is None
+
+
+def test_an_s3_run_keeps_every_checkpoint_in_the_bucket_and_none_locally():
+    local, cfg = planned([PILE])
+    assert (local.saves, local.kept) == (20, 2)  # 19 at each 1000 batches of 19,073, and the end
+    remote, cfg = planned([PILE, "--save_folder=s3://bucket/runs/pile"])
+    assert (remote.saves, remote.kept) == (20, 0)
+    line = next(line for line in plan.run_lines(remote, cfg, None) if line.startswith("disk"))
+    assert f"the bucket keeps every one + model.pt = {plan.gb(20 * remote.checkpoint + remote.export)}" in line
 
 
 BAD = {
