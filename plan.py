@@ -108,6 +108,9 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--gpus", default="8xH100", help=f"COUNTxNAME, NAME one of {', '.join(GPUS)} (default 8xH100)")
     p.add_argument("--usd-per-gpu-hour", default=None, help="price of one GPU for an hour, in US dollars")
     p.add_argument("--mfu", default=None, help="model FLOPs utilisation in (0, 1]; default: train.py's measured one")
+    for option in ("--gpus", "--usd-per-gpu-hour", "--mfu"):
+        if sum(a == option or a.startswith(option + "=") for a in argv) > 1:
+            raise UserError(f"plan.py: {option} is given twice: give it once")
     return p.parse_known_args(list(argv))
 
 
@@ -404,7 +407,7 @@ def page(plan: Plan, cfg, price: Optional[float]) -> list[str]:
              f"({spec.source}), {spec.memory_gb:.0f} GB",
              f"parameters        {plan.params:,}",
              f"tokens            {plan.tokens:,} = {plan.steps:,} steps x {cfg.global_batch_size} sequences x "
-             f"{cfg.block_size} tokens",
+             f"{cfg.block_size:,} tokens",
              f"FLOPs per token   {fpt:,}" if fpt is not None else "FLOPs per token   n/a (the model counts none)"]
     if fpt is not None:
         lines.append(f"FLOPs in all      {plan.total_flops:.3e} (forward and backward)")

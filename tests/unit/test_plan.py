@@ -172,6 +172,22 @@ def test_checkpoints_written_are_one_at_each_interval_and_one_at_the_end(every, 
     assert plan.checkpoints_written(load_config([TINY, "--save_interval=1ep"]), steps) is None
 
 
+def test_the_plan_on_the_performance_page_is_plan_pys_output(capsys, monkeypatch, tmp_path):
+    for name in ("DATA_REMOTE", "CHECKPOINT_FOLDER", "RUN_NAME"):  # config/pile.py's environment
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)  # no .env
+    plan.main([PILE])
+    assert f"```\n{capsys.readouterr().out}```\n" in PERFORMANCE
+
+
+def test_a_model_of_your_own_is_planned_without_flops(capsys):
+    plan.main([str(REPO / "config" / "my_model.py"), "--gpus", "H100"])  # examples/my_model.py counts no FLOPs
+    out = capsys.readouterr().out
+    got, _ = planned([str(REPO / "config" / "my_model.py")], "H100")
+    assert got.flops_per_token is None and got.hours is None and got.activations > 0
+    assert "FLOPs per token   n/a (the model counts none)" in out and "time              n/a" in out
+
+
 def test_an_s3_run_keeps_every_checkpoint_in_the_bucket_and_none_locally():
     local, cfg = planned([PILE])
     assert (local.saves, local.kept) == (20, 2)  # 19 at each 1000 batches of 19,073, and the end
@@ -203,6 +219,7 @@ BAD = {
     "not an option": (["-x"], "'-x' is not an option of plan.py"),
     "uneven batch": (["--gpus", "7xH100"], "global_batch_size (480) must be divisible by the number of processes"),
     "epochs": (["--max_duration=1ep"], "max_duration=1ep: epochs depend on the data"),
+    "twice": (["--gpus", "8xH100", "--gpus=8xH200"], "plan.py: --gpus is given twice: give it once"),
     "init_from": (["--init_from=gpt2"], "plan.py plans a run from scratch; init_from=gpt2"),
 }
 
