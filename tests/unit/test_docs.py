@@ -234,6 +234,8 @@ def command_problems(words: list[str]) -> list[str]:
             if script.name == "train.py":
                 if flag[2:] not in train_settings() | {"help"}:
                     problems.append(f"train.py {flag}: not a TrainConfig setting")
+            elif script.name == "plan.py" and "=" in word and flag[2:] in train_settings():
+                pass  # plan.py takes train.py's --key=value settings beside its own options
             elif f'"{flag}"' not in sources_of(script):
                 problems.append(f"{script.relative_to(REPO)} {flag}: no such option in its argparse")
     return problems
