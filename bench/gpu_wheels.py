@@ -1,5 +1,6 @@
 """make gpu-wheels: download, here, every wheel of bench/gpu_wheels.txt for the GPU machine's image (Python 3.12,
-manylinux x86_64) into one ignored folder that the device tool carries with the working tree (docs/performance.md#on-a-gpu).
+manylinux x86_64) into one ignored folder that the device tool carries with the working tree
+(docs/performance.md#on-a-gpu).
 
 Usage:
     python bench/gpu_wheels.py                     # into .gpu-wheels/ (what bench/gpu_run.sh installs from)
