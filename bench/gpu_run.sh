@@ -40,8 +40,8 @@ if ! [[ $run_s =~ ^[0-9]+$ ]] || [ "$run_s" -lt 60 ]; then
 fi
 mkdir -p "$out"
 table=$out/bench_gpu.md
-printf '# bench/bench_gpu.py: not started yet\n\ngpu_run.sh began at %s; the bench rewrites this file.\n' \
-    "$(date '+%Y-%m-%d %H:%M:%S')" >"$table"
+printf '%s\n\n%s\n' "# bench/bench_gpu.py: not started yet" \
+    "bench/gpu_run.sh began at $(date '+%Y-%m-%d %H:%M:%S'); the bench rewrites this file." >"$table"
 exec > >(tee -a "$out/gpu_run.log") 2>&1
 rm -rf "$work/bench_gpu_logs"
 logs=$work/bench_gpu_logs
@@ -56,7 +56,7 @@ pack() {
     echo "gpu_run.sh: $(( SECONDS - start )) s; $out: $(cd "$out" && ls | tr '\n' ' ')"
 }
 fail() {  # the reason into the table (the file that always comes back), then stop
-    printf '# bench/bench_gpu.py: not run\n\ngpu_run.sh: %s\n' "$1" >"$table"
+    printf '%s\n\n%s\n' "# bench/bench_gpu.py: not run" "bench/gpu_run.sh: $1" >"$table"
     echo "gpu_run.sh: $1"
     exit 3
 }

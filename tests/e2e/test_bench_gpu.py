@@ -219,6 +219,32 @@ def image_python(tmp_path_factory) -> Path:
     return python
 
 
+@pytest.mark.parametrize("wheels, says", [(None, "no wheels in"), ("mosaicml-0.0.1-py3-none-any.whl",
+                                                                  "pip could not install bench/gpu_wheels.txt")])
+def test_gpu_script_without_its_wheels_stops_with_the_reason_in_the_table(tmp_path, wheels, says):
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    if wheels:
+        (folder / wheels).write_bytes(b"not a wheel")
+    env = {**gpu_script_env(tmp_path, Path(sys.executable)), "PILEGPT_GPU_WHEELS": str(folder)}
+    done = subprocess.run(["bash", "bench/gpu_run.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 3, done.stdout + done.stderr
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir()) == ["bench_gpu.md", "bench_gpu_logs.tar.gz", "gpu_run.log"]
+    table = (out / "bench_gpu.md").read_text()
+    assert table.startswith("# bench/bench_gpu.py: not run\n") and says in table and "make gpu-wheels" in table
+
+
+@pytest.mark.parametrize("setting, says", [({"PILEGPT_GPU_RUN_S": "nan"}, "PILEGPT_GPU_RUN_S takes whole seconds"),
+                                           ({"PILEGPT_GPU_RUN_S": "10"}, "PILEGPT_GPU_RUN_S takes whole seconds"),
+                                           ({"OUT": ""}, "set OUT to the folder")])
+def test_gpu_script_refuses_a_bad_setting_in_one_line(tmp_path, setting, says):
+    env = {**gpu_script_env(tmp_path, Path(sys.executable)), **setting}
+    done = subprocess.run(["bash", "bench/gpu_run.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and says in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not (tmp_path / "out").exists()
+
+
 @NEEDS_IMAGE
 def test_gpu_script_smoke_installs_the_wheels_and_brings_back_three_recipes_in_three_files(tmp_path, image_python):
     wheels = load_module(REPO / "bench" / "gpu_wheels.py", "gpu_wheels")
