@@ -16,7 +16,7 @@ WORKERS ?= auto
 PYTEST = $(PYTHON) -m pytest -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 KEEP_TORCH = $(shell $(PYTHON) scripts/install_keep_torch.py --marked)
 
-.PHONY: install install-dev install-keep-torch test test-fast lint quickstart bench
+.PHONY: install install-dev install-keep-torch test test-fast lint quickstart bench gpu-wheels
 
 install:
 	$(if $(KEEP_TORCH),$(PYTHON) scripts/install_keep_torch.py,$(PIP) install -q -r requirements.txt)
@@ -45,3 +45,8 @@ bench: install-dev
 	$(PYTHON) bench/bench_upload_s3.py
 	$(PYTHON) bench/bench_checkpoint_uploads.py
 	$(PYTHON) bench/bench_train.py
+
+# the wheels the GPU machine's image lacks (bench/gpu_wheels.txt), for its Python 3.12, into .gpu-wheels/: the device
+# tool carries them with `carry: [".gpu-wheels"]`, and bench/gpu_run.sh installs them there offline
+gpu-wheels:
+	$(PYTHON) bench/gpu_wheels.py

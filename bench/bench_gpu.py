@@ -3,7 +3,8 @@ share of the step), then a race of GPT-2's recipe against config/modern.py and t
 text for the same seconds; then, when asked, the older comparison rows (eager vs compile, vocab, "auto", loader).
 
 Usage:
-    python bench/bench_gpu.py --out $OUT/bench_gpu.md       # the GPU session: one command, ~8 min on an H100
+    bash bench/gpu_run.sh                                  # the GPU session (installs the carried wheels first)
+    python bench/bench_gpu.py --out $OUT/bench_gpu.md --logs /tmp/logs  # what it runs, ~8 min on an H100
     python bench/bench_gpu.py --smoke                      # the same code on CPU, tiny model, eager (the test)
     python bench/bench_gpu.py --race-s 120 --budget-s 560 --out /tmp/b.md
     python bench/bench_gpu.py --race-s 0 --variants eager-50304-fixed compile-50304-fixed --loader-workers 8,2,0
@@ -23,7 +24,8 @@ random ids. Its clock: bench/race_clock.py, a Composer callback train.py loads b
 the end of batch 1 (the compile is behind it) less the evaluations (their compile included), stops the run at
 --race-s and records the val loss of each evaluation (every 50 batches, the same 8 x 16 sequences) against them.
 --race-s (default 75) shrinks, the same for all, when --budget-s cannot pay every contestant's seconds and its
-~75 s of start-up, compile and final checkpoint. The race's table: the val loss at 1/4, 1/2, 3/4 and all of the
+allowance for start-up, compile and final checkpoint (Contestant.startup_s: 75 s for gpt2, 110 s and 120 s for the
+presets, whose compiled graphs are larger). The race's table: the val loss at 1/4, 1/2, 3/4 and all of the
 seconds (linear between evaluations), the batches and epochs of the text each ran, and the second each reached
 gpt2's final val loss, with its ratio to gpt2's.
 
@@ -60,10 +62,16 @@ and a recommendation for config/pile.py's defaults from them. Measured on one H2
 docs/performance.md#on-a-gpu): 69-81 s per eager variant, 114 s compiled (29 s of it before batch 1); a variant
 starts only with MIN_RUN_S left of --budget-s.
 
-Time on one H100 (estimated from the H200's figures, not yet run): ~30 s for the text (16 cores), then 3 x (75 s
-of start-up, compile and checkpoint + 75 s) = ~7.5 min, ~8 min in all; without the nanochat preset, ~5.5 min.
-The tables are rewritten to --out after every run, so a timeout keeps what was measured; train.py's output,
-metrics.jsonl, config.json, the race clock and Composer's log of every run go beside it, to {out stem}_logs/.
+Time on one H100 (estimated from the H200's figures, not yet run): ~30 s for the text (16 cores), then the
+allowances (305 s) and 3 x 75 s of race = ~9.3 min at the defaults; --budget-s (480 by default; gpu_run.sh gives
+what its lease leaves) shrinks the race's seconds to fit.
+
+Nothing measured is lost at a cut. The tables are rewritten to --out after every run and every POLL_S while a
+contestant runs (its row so far, "running"); race_clock.py appends each evaluation and each optimizer timing as it
+is taken; every run's save folder (metrics.jsonl, config.json, Composer's log; its checkpoints dropped after the run),
+train.py's output and the race clock are in --logs (default {out stem}_logs/). SIGTERM stops the run in flight with
+its process group, adds its row (how far it came) and exits 143. A contestant that fails is a row with its last
+error line; when no contestant trained a batch, the bench exits 1. An unreadable .py file is left out of the text.
 
 --smoke: the same code on CPU in fp32 with a tiny model (2 layers, 64 wide, block 64, batch 8 of microbatch 4),
 eager (compiling on CPU costs minutes for nothing this bench measures), 150k tokens of text, 3 s of race each, an
@@ -165,6 +173,11 @@ class Setup:
     smoke: bool
     extra: list[str]  # more train.py settings (the smoke model, the device)
 
+    @property
+    def runs(self) -> Path:
+        """The runs' save folders: in the logs, so that what a cut run wrote is kept (its checkpoints are dropped)."""
+        return (self.logs or self.work) / "runs"
+
     def train_args(self) -> list[str]:
         """train.py settings of every row after config/pile.py: the bench's data, length and logging."""
         return [f"--data_dir={self.data_dir}", f"--block_size={self.block_size}", f"--global_batch_size={self.batch}",
@@ -199,14 +212,19 @@ class Row:
 class Contestant:
     name: str
     presets: tuple[str, ...]  # config files applied after config/pile.py
+    startup_s: float  # on a GPU: start-up, data, compile (training's and evaluation's) and the final checkpoint
 
 
-CONTESTANTS = (Contestant("gpt2", ()), Contestant("modern", ("modern.py",)), Contestant("nanochat", ("nanochat.py",)))
+# The allowances, estimated (no GPU has run the presets yet): gpt2's 75 s from the H200's 29 s before batch 1 and an
+# eager run's ~70 s of overhead, of which ~44 s is compiling (batch 1's and the evaluation's graphs) and ~31 s the
+# rest; the presets' compile scaled by their graphs' nodes (modern 833, nanochat 906, GPT-2 460):
+# 31 + 44 x 833 / 460 = 111 s and 31 + 44 x 906 / 460 = 118 s, to the nearest 10 s. A contestant cut before its
+# last evaluation loses its end of the curve: rather too much than too little.
+CONTESTANTS = (Contestant("gpt2", (), 75.0), Contestant("modern", ("modern.py",), 110.0),
+               Contestant("nanochat", ("nanochat.py",), 120.0))
 RACE_S = {"gpu": 75.0, "smoke": 3.0}  # seconds of training each (--race-s)
-# start-up, data, compile, the evaluations' compile and the final checkpoint of one contestant on a GPU (estimated
-# from the H200's 29 s before batch 1 and ~70 s of an eager run's overhead): the budget left after the corpus pays
-# these, and what remains is split evenly into the contestants' seconds
-RACE_OVERHEAD_S = {"gpu": 75.0, "smoke": 15.0}
+SMOKE_STARTUP_S = 15.0  # --smoke: every contestant's allowance (a cold start on a busy 2-core CPU, eager)
+POLL_S = 5.0  # while a contestant runs, the table is rewritten this often with what it has reached
 MIN_RACE_S = {"gpu": 20.0, "smoke": 1.0}  # less than this each and the race is skipped with a note
 RACE_TOKENS = {"gpu": 40_000_000, "smoke": 150_000}  # train tokens of the race's text (--race-tokens)
 RACE_VAL = {"gpu": 0.02, "smoke": 0.2}  # the fraction of the documents (files) held out for val
@@ -239,28 +257,35 @@ def python_sources() -> list[Path]:
     return own + installed
 
 
-def write_race_text(folder: Path, tokens: int, workers: int, val_fraction: float) -> Path:
+def write_race_text(folder: Path, tokens: int, workers: int, val_fraction: float,
+                    timeout_s: float) -> tuple[Path, int]:
     """The race's text: this machine's Python sources, each file one document (numbered: prepare_data.py takes a
     name with "val" in it for a validation file), about 4 bytes a token, tokenized by prepare_data.py (GPT-2 BPE,
-    `val_fraction` of the documents for val, --max-tokens train tokens): folder/tokens."""
+    `val_fraction` of the documents for val, --max-tokens train tokens): (folder/tokens, the files skipped because
+    they could not be read: no permission, a broken link, a folder named *.py)."""
     text = folder / "text"
     text.mkdir(parents=True, exist_ok=True)
-    written = 0
+    written = skipped = 0
     for i, source in enumerate(python_sources()):
         if written >= 4 * tokens:
             break
-        body = source.read_text(encoding="utf-8", errors="replace")
+        try:
+            body = source.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            skipped += 1
+            continue
         if body.strip():
             (text / f"{i:06d}.txt").write_text(body)
             written += len(body)
-    out = folder / "tokens"
+    out, log = folder / "tokens", folder / "prepare_data.out.txt"
     cmd = [sys.executable, str(REPO / "prepare_data.py"), "--input", str(text), "--val-fraction", str(val_fraction),
            "--max-tokens", str(tokens), "--num-proc", str(workers), "--out-dir", str(out)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise UserError(f"prepare_data.py failed on the race's text: {(done.stdout + done.stderr)[-2000:]}")
+    returncode, timed_out = run_with_timeout(cmd, REPO, dict(os.environ), log, timeout_s)
+    if returncode != 0:
+        why = f"stopped by the budget after {timeout_s:.0f} s" if timed_out else f"exit {returncode}"
+        raise UserError(f"prepare_data.py failed on the race's text ({why}): {log.read_text(errors='replace')[-2000:]}")
     shutil.rmtree(text, ignore_errors=True)
-    return out
+    return out, skipped
 
 
 @dataclass
@@ -296,28 +321,58 @@ def race_settings(setup: Setup, c: Contestant, precision: str, seconds: float, c
             f"--eval_subset_num_batches={eval_batches}",
             "--hellaswag_examples=0", "--save_interval=1000000ba", "--sample_length=0", "--progress_bar=False",
             "--log_interval=50", "--autoresume=False", "--save_overwrite=True", "--speed_window=20",
-            f"--run_name=race-{c.name}", f"--save_folder={setup.work / 'runs' / ('race-' + c.name)}",
+            f"--run_name=race-{c.name}", f"--save_folder={setup.runs / ('race-' + c.name)}",
             f"--compile={not setup.smoke}", f"--precision={precision}", f"--callbacks={callbacks!r}", *setup.extra]
 
 
-def run_contestant(setup: Setup, c: Contestant, precision: str, seconds: float, timeout_s: float) -> RaceRun:
-    """One train.py process for `seconds` of training after batch 1; its step and its curve."""
-    run_dir, clock = setup.work / "runs" / f"race-{c.name}", setup.work / f"race-{c.name}.clock.jsonl"
+class Cut(Exception):
+    """SIGTERM reached the bench (a time limit, a person): the run in flight is stopped with its process group, its
+    row says how far it came, and the tables are written once more. `run`: that row, when a contestant was running."""
+
+    def __init__(self) -> None:
+        super().__init__("stopped by SIGTERM")
+        self.run: Optional[RaceRun] = None
+
+
+def on_sigterm(signum, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one notice: a second SIGTERM does not break the clean-up
+    raise Cut()
+
+
+def run_contestant(setup: Setup, c: Contestant, precision: str, seconds: float, timeout_s: float,
+                   show=lambda run: None) -> RaceRun:
+    """One train.py process for `seconds` of training after batch 1; its step and its curve. Every POLL_S while it
+    runs, show(the row so far); on SIGTERM (Cut) the row of what it reached goes with the exception."""
+    run_dir, logs = setup.runs / f"race-{c.name}", setup.logs or setup.work
+    clock, out_file = logs / f"race-{c.name}.clock.jsonl", logs / f"race-{c.name}.out.txt"
     run = RaceRun(c.name, " + ".join(["pile.py", *c.presets]), compiled=not setup.smoke)
     cmd = [sys.executable, str(REPO / "train.py"), *race_settings(setup, c, precision, seconds, clock)]
     print(f"race {c.name}: {' '.join(cmd[1:])}", flush=True)
-    out_file = (setup.logs or setup.work) / f"race-{c.name}.out.txt"
+    shutil.rmtree(run_dir, ignore_errors=True)  # a folder of an earlier bench in the same --logs
+    clock.unlink(missing_ok=True)  # the clock appends
     out_file.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    returncode, timed_out = run_with_timeout(cmd, setup.work, train_env(setup), out_file, timeout_s)
+
+    def progress() -> None:
+        read_race(run, c, setup, run_dir, clock)
+        run.note = f"running: {time.monotonic() - t0:.0f} s so far"
+        show(run)
+
+    try:
+        returncode, timed_out = run_with_timeout(cmd, setup.work, train_env(setup), out_file, timeout_s, progress)
+    except Cut as cut:
+        run.run_s = time.monotonic() - t0
+        read_race(run, c, setup, run_dir, clock)
+        run.note = f"cut by SIGTERM after {run.run_s:.0f} s and {run.batches} batches"
+        drop_checkpoints(run_dir)
+        cut.run = run
+        raise
     run.run_s = time.monotonic() - t0
-    keep_logs(setup, f"race-{c.name}", run_dir)
-    if setup.logs is not None and clock.is_file():
-        shutil.copyfile(clock, setup.logs / clock.name)
     read_race(run, c, setup, run_dir, clock)
-    shutil.rmtree(run_dir, ignore_errors=True)
+    drop_checkpoints(run_dir)
+    run.note = ""
     if timed_out:
-        run.note = f"stopped by the budget after {run.run_s:.0f} s"
+        run.note = f"stopped by the budget after {run.run_s:.0f} s and {run.batches} batches"
     elif returncode != 0:
         run.note = outcome_note(Row(c.name), False, returncode, out_file.read_text(errors="replace"), 0, 0)
     print(f"race {c.name}: {fmt(run.tokens_per_s, '.0f')} tokens/s, {len(run.curve)} evaluations, final val loss "
@@ -327,8 +382,7 @@ def run_contestant(setup: Setup, c: Contestant, precision: str, seconds: float, 
 
 def read_race(run: RaceRun, c: Contestant, setup: Setup, run_dir: Path, clock: Path) -> None:
     """Fill `run` from metrics.jsonl (steps, val losses), the clock file and Composer's file log."""
-    metrics = run_dir / "metrics.jsonl"
-    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.is_file() else []
+    rows = read_jsonl(run_dir / "metrics.jsonl")
     by_batch = {r["batch"]: r for r in rows}
     run.batches = max(by_batch, default=0)
     run.tokens = by_batch[run.batches]["tokens"] if run.batches else 0
@@ -337,7 +391,7 @@ def read_race(run: RaceRun, c: Contestant, setup: Setup, run_dir: Path, clock: P
                                       last_step=run.batches)
     if run.tokens_per_s is not None:
         run.step_ms = 1000 * setup.batch * setup.block_size / run.tokens_per_s
-    marks = [json.loads(line) for line in clock.read_text().splitlines() if line.strip()] if clock.is_file() else []
+    marks = read_jsonl(clock)
     run.curve = sorted({m["batch"]: (m["train_s"], m["val_loss"]) for m in marks if "val_loss" in m}.values())
     timings = [ms for m in marks for ms in m.get("optimizer_ms", [])]
     run.optimizer_ms = statistics.median(timings) if timings else None
@@ -354,6 +408,20 @@ def read_race(run: RaceRun, c: Contestant, setup: Setup, run_dir: Path, clock: P
         flops = flops_per_token(setup.extra, setup.block_size, c.presets)
         run.mfu = (f"{100 * run.tokens_per_s * flops / (peak * 1e12):.1f}%" if peak
                    else "n/a" if gpu else "n/a (CPU)")
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The JSON objects of a file of JSON lines that may still be written (a run in flight, one cut mid-line): a line
+    that does not parse as an object is left out. [] for no file."""
+    rows = []
+    for line in (path.read_text(errors="replace").splitlines() if path.is_file() else []):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
 
 
 def reaches(curve: list[tuple[float, float]], target: float) -> Optional[float]:
@@ -375,11 +443,24 @@ def loss_at(curve: list[tuple[float, float]], second: float) -> Optional[float]:
     return curve[0][1] if curve and curve[0][0] == second else None
 
 
-def race_seconds(args: argparse.Namespace, left: float, n: int) -> float:
-    """Each contestant's seconds: --race-s, or less when the budget left cannot pay n of them and their overheads."""
+def allowance(c: Contestant, smoke: bool) -> float:
+    """Contestant c's seconds of start-up, compile and final checkpoint, besides its race seconds."""
+    return SMOKE_STARTUP_S if smoke else c.startup_s
+
+
+def race_seconds(args: argparse.Namespace, left: float, allowances: Sequence[float]) -> float:
+    """Each contestant's seconds: --race-s, or less, the same for all, when the budget left cannot pay them and
+    every contestant's allowance."""
     kind = "smoke" if args.smoke else "gpu"
     want = args.race_s if args.race_s is not None else RACE_S[kind]
-    return min(want, (left - n * RACE_OVERHEAD_S[kind]) / max(n, 1))
+    return min(want, (left - sum(allowances)) / max(len(allowances), 1))
+
+
+def contestant_timeout(left: float, seconds: float, allowances: Sequence[float]) -> float:
+    """The first of the contestants still to run: its seconds and allowance, and an even share of what the budget
+    left holds beyond every remaining contestant's (a slow compile stops its own run, not the next one's)."""
+    spare = max(0.0, left - sum(seconds + a for a in allowances))
+    return seconds + allowances[0] + spare / len(allowances)
 
 
 def run_race(table: "Table", setup: Setup, args: argparse.Namespace, precision: str, t_start: float) -> None:
@@ -388,8 +469,11 @@ def run_race(table: "Table", setup: Setup, args: argparse.Namespace, precision: 
     kind = "smoke" if setup.smoke else "gpu"
     t_text = time.monotonic()
     tokens = args.race_tokens or RACE_TOKENS[kind]
-    setup.data_dir = write_race_text(setup.work / "race", tokens, workers=min(os.cpu_count() or 1, 16),
-                                     val_fraction=RACE_VAL[kind])
+    setup.data_dir, skipped = write_race_text(setup.work / "race", tokens, workers=min(os.cpu_count() or 1, 16),
+                                              val_fraction=RACE_VAL[kind],
+                                              timeout_s=args.budget_s - (time.monotonic() - t_start))
+    if skipped:
+        table.race_notes.append(f"{skipped} unreadable .py files left out of the text")
     splits = json.loads((setup.data_dir / "meta.json").read_text())["splits"]
     if "val" not in splits:
         raise UserError(f"the race's text has no val split ({splits['train']['documents']} documents): give it more "
@@ -402,19 +486,24 @@ def run_race(table: "Table", setup: Setup, args: argparse.Namespace, precision: 
                        f"its recipe's peak rates (the cosine's horizon, {RACE_HORIZON:,} batches, is far off); val "
                        f"loss every {RACE_EVAL[kind][0]} batches on the same {RACE_EVAL[kind][1]} x 16 sequences.")
     left = args.budget_s - (time.monotonic() - t_start)
-    seconds = race_seconds(args, left, len(here))
+    allowances = [allowance(c, setup.smoke) for c in here]
+    seconds = race_seconds(args, left, allowances)
     if seconds < MIN_RACE_S[kind]:
         table.race_notes.append(f"race skipped: {max(seconds, 0):.0f} s of training each (--race-s, or what "
-                                f"{max(left, 0):.0f} s left of --budget-s {args.budget_s:.0f} pays after "
-                                f"{len(here)} overheads of ~{RACE_OVERHEAD_S[kind]:.0f} s) is under "
-                                f"{MIN_RACE_S[kind]:.0f} s")
+                                f"{max(left, 0):.0f} s left of --budget-s {args.budget_s:.0f} pays after the "
+                                f"contestants' {sum(allowances):.0f} s of start-up) is under {MIN_RACE_S[kind]:.0f} s")
         return
     table.race_s = seconds
     for i, c in enumerate(here):
         left = args.budget_s - (time.monotonic() - t_start)
-        share = max(left / (len(here) - i), seconds + RACE_OVERHEAD_S[kind])  # a slow compile stops its own run
-        table.race.append(run_contestant(setup, c, precision, seconds, timeout_s=share))
-        table.save()
+        try:
+            table.race.append(run_contestant(setup, c, precision, seconds, contestant_timeout(
+                left, seconds, allowances[i:]), show=table.show))
+        except Cut as cut:
+            table.race += [cut.run] if cut.run else []
+            raise
+        finally:
+            table.save()
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -483,21 +572,15 @@ def write_data(folder: Path, n_train: int, n_val: int, block_size: int, seed: in
     return folder / "mds"
 
 
-def keep_logs(setup: Setup, name: str, run_dir: Path) -> None:
-    """metrics.jsonl, config.json and Composer's file log of a run, beside its output in setup.logs."""
-    if setup.logs is None:
-        return
-    for src, dst in [(run_dir / "metrics.jsonl", f"{name}.metrics.jsonl"), (run_dir / "config.json",
-                                                                                 f"{name}.config.json")]:
-        if src.is_file():
-            shutil.copyfile(src, setup.logs / dst)
-    for i, log in enumerate(sorted((run_dir / "logs").glob("*-rank0.txt"))):
-        shutil.copyfile(log, setup.logs / f"{name}.composer{'-' + str(i) if i else ''}.txt")
+def drop_checkpoints(run_dir: Path) -> None:
+    """A run's checkpoints (1.5 GB each at 124M) removed; its metrics.jsonl, config.json and logs stay."""
+    for path in sorted(run_dir.rglob("*.pt")) if run_dir.is_dir() else []:
+        path.unlink(missing_ok=True)
 
 
 def variant_settings(setup: Setup, v: Variant, precision: str) -> list[str]:
     """train.py's arguments for variant v: config/pile.py, the bench's settings, the variant's, its preset file."""
-    run_dir = setup.work / "runs" / v.name
+    run_dir = setup.runs / v.name
     microbatch = "auto" if v.auto_microbatch else str(setup.microbatch)
     return [str(PILE), *setup.train_args(), f"--run_name={v.name}", f"--save_folder={run_dir}",
             f"--data_local={setup.work / 'cache' / v.name}", f"--compile={v.compile}", f"--vocab_size={v.vocab_size}",
@@ -507,7 +590,7 @@ def variant_settings(setup: Setup, v: Variant, precision: str) -> list[str]:
 
 def run_variant(setup: Setup, v: Variant, precision: str, timeout_s: float) -> Row:
     """One real train.py process; its row from metrics.jsonl, config.json and Composer's file log."""
-    run_dir = setup.work / "runs" / v.name
+    run_dir = setup.runs / v.name
     microbatch = "auto" if v.auto_microbatch else str(setup.microbatch)
     row = Row(v.name, compile="yes" if v.compile else "no", vocab=str(v.vocab_size), microbatch=microbatch)
     cmd = [sys.executable, str(REPO / "train.py"), *variant_settings(setup, v, precision)]
@@ -519,9 +602,8 @@ def run_variant(setup: Setup, v: Variant, precision: str, timeout_s: float) -> R
     returncode, timed_out = run_with_timeout(cmd, setup.work, env, out_file, timeout_s)
     row.run_s = time.monotonic() - t0
     output = out_file.read_text(errors="replace")
-    keep_logs(setup, v.name, run_dir)
     timed, batches = read_run(row, v, setup, run_dir)
-    shutil.rmtree(run_dir, ignore_errors=True)  # checkpoints: 1.5 GB per run
+    drop_checkpoints(run_dir)
     row.note = outcome_note(row, timed_out, returncode, output, timed, batches)
     print(f"{v.name}: {fmt(row.tokens_per_s, '.0f')} tokens/s, MFU {row.mfu or 'n/a'}, peak "
           f"{fmt(row.peak_gb, '.1f')} GB, {row.run_s:.0f} s; {row.note}", flush=True)
@@ -537,21 +619,42 @@ def train_env(setup: Setup) -> dict:
     return env
 
 
-def run_with_timeout(cmd: list[str], cwd: Path, env: dict, out_file: Path, timeout_s: float) -> tuple[int, bool]:
-    """Run `cmd` with its output to `out_file`; (exit code, whether it was killed at `timeout_s`)."""
+def start_process(cmd: list[str], cwd: Path, env: dict, out_file: Path) -> subprocess.Popen:
+    """`cmd` in a session of its own (so that one killpg stops train.py and its DataLoader and compile workers
+    together), its output to `out_file`: a file, not a pipe, so nothing waits on a reader if it is killed."""
     with open(out_file, "w") as out:
-        # its own session, so that a timeout stops train.py and its DataLoader and compile workers together
-        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            proc.wait(timeout=timeout_s)
-            return proc.returncode, False
-        except subprocess.TimeoutExpired:
+        return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def run_with_timeout(cmd: list[str], cwd: Path, env: dict, out_file: Path, timeout_s: float,
+                     on_poll=None) -> tuple[int, bool]:
+    """Run `cmd` (start_process) with its output to `out_file`, calling on_poll() every POLL_S while it runs;
+    (exit code, whether it was killed at `timeout_s`). However this ends (the timeout, SIGTERM's Cut, an error in
+    on_poll), the process group is killed before it returns."""
+    proc, deadline = None, time.monotonic() + timeout_s
+    try:
+        proc = start_process(cmd, cwd, env, out_file)
+        while True:
             try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:  # it ended just now
-                pass
-            proc.wait()
-            return proc.returncode, True
+                return proc.wait(timeout=max(0.0, min(POLL_S, deadline - time.monotonic()))), False
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= deadline:
+                    kill_group(proc)
+                    return proc.returncode, True
+                if on_poll is not None:
+                    on_poll()
+    finally:
+        if proc is not None:  # also what it left behind when it ended by itself (a DataLoader worker)
+            kill_group(proc)
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL to proc's process group, then reap proc (whose group may be gone already: it ended just now)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
 
 
 def read_run(row: Row, v: Variant, setup: Setup, run_dir: Path) -> tuple[int, int]:
@@ -794,6 +897,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, help="also write the table here (rewritten after every row), and each run's "
                                             "logs to {out stem}_logs/ beside it")
+    p.add_argument("--logs", type=Path, help="each run's output, save folder (less its checkpoints), race clock and "
+                                             "Composer log here (default: {out stem}_logs/ beside --out)")
     p.add_argument("--smoke", action="store_true", help="CPU, fp32, a tiny model, GPU-only rows skipped (the test)")
     p.add_argument("--steps", type=int, help="steps per variant (default 30; smoke 8)")
     p.add_argument("--warmup", type=int, help="first steps not timed (default 10; smoke 3)")
@@ -886,6 +991,14 @@ class Table:
     race_text: str = ""
     race_train_tokens: int = 0
 
+    def show(self, running: RaceRun) -> None:
+        """The tables rewritten with a contestant still running as their last row (what it has reached)."""
+        self.race.append(running)
+        try:
+            self.save()
+        finally:
+            self.race.pop()
+
     def save(self, recommendation: str = "") -> str:
         text = render(self.rows, self.header, recommendation, race=self)
         if self.out:
@@ -912,22 +1025,24 @@ def run_training_rows(table: Table, setup: Setup, variants: list[Variant], preci
         table.save()
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    t_start = time.monotonic()
-    args = parse_args(argv)
-    from pilegpt.train.config_load import read_config_file
+def logs_folder(args: argparse.Namespace) -> Optional[Path]:
+    """--logs, or {out stem}_logs beside --out, or None (nothing kept); refused where it would hold --out."""
+    logs = args.logs or (args.out.parent / f"{args.out.stem}_logs" if args.out else None)
+    if logs is not None and logs.exists() and not logs.is_dir():
+        raise UserError(f"--logs {logs} is a file: name a folder")
+    if logs is not None and args.out and args.out.resolve().parent.is_relative_to(logs.resolve()):
+        raise UserError(f"--out {args.out} lies in --logs {logs}, whose run folders it would mix with: name another")
+    return logs
 
-    pile = read_config_file(str(PILE))
-    plan = make_plan(args, pile)
-    gpu, precision, extra = pick_device(args.smoke)
+
+def run_all(table: Table, args: argparse.Namespace, plan: Plan, precision: str, extra: list[str],
+            t_start: float) -> None:
+    """The race, then the variants and loader rows that were asked for, in a scratch folder removed at the end."""
     variants = [v for v in VARIANTS if v.name in args.variants]
-    logs = args.out.parent / f"{args.out.stem}_logs" if args.out else None
-    table = Table(make_header(args.smoke, gpu, precision, plan), args.out)
-    table.save()
     with tempfile.TemporaryDirectory(prefix="bench_gpu_", ignore_cleanup_errors=True) as tmp:
         work = Path(tmp)
-        setup = Setup(work, work, logs, plan.block_size, plan.batch, plan.microbatch, plan.steps, plan.warmup,
-                      args.smoke, extra)
+        setup = Setup(work, work, logs_folder(args), plan.block_size, plan.batch, plan.microbatch, plan.steps,
+                      plan.warmup, args.smoke, extra)
         if args.race_s != 0:
             run_race(table, setup, args, precision, t_start)
         if variants or plan.workers:
@@ -938,14 +1053,53 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             for w in plan.workers:
                 table.rows.append(bench_loader(replace(setup), w, args.loader_batches))
                 table.save()
-        versions = next((r.versions for r in [*table.race, *table.rows] if r.versions), "")
-        table.header[2] += f"; {versions}" if versions else ""
+
+
+def no_contestant_ran(table: Table) -> Optional[str]:
+    """Why the race measured nothing (no contestant trained a batch), or None when one did."""
+    if any(r.batches > 0 for r in table.race):
+        return None
+    reasons = [f"{r.name}: {r.note}" for r in table.race] or table.race_notes or ["no contestant started"]
+    return "; ".join(reasons)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    t_start = time.monotonic()
+    args = parse_args(argv)
+    from pilegpt.train.config_load import read_config_file
+
+    pile = read_config_file(str(PILE))
+    plan = make_plan(args, pile)
+    logs = logs_folder(args)
+    gpu, precision, extra = pick_device(args.smoke)
+    table = Table(make_header(args.smoke, gpu, precision, plan), args.out)
+    table.save()
+    import composer  # noqa: F401  (its engine sets a SIGTERM handler when imported, which would replace ours later)
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        run_all(table, args, plan, precision, extra, t_start)
+    except Cut:
+        table.race_notes.append(f"stopped by SIGTERM {time.monotonic() - t_start:.0f} s after the start: the rows "
+                                "above are what was reached")
+        table.save()
+        print(f"bench_gpu.py: stopped by SIGTERM; the table{f' in {args.out}' if args.out else ''} holds the rows "
+              "reached", file=sys.stderr, flush=True)
+        return 143
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    versions = next((r.versions for r in [*table.race, *table.rows] if r.versions), "")
+    table.header[2] += f"; {versions}" if versions else ""
     recommendation = recommend(table.rows, pile) if table.rows else ""
     if args.smoke and recommendation:
         recommendation += " (A --smoke run on CPU: a check that the bench works, not a basis for defaults.)"
     print(table.save(recommendation), flush=True)
     if args.out:
         print(f"table written to {args.out}" + (f", logs of every run in {logs}" if logs and logs.is_dir() else ""))
+    why = no_contestant_ran(table) if args.race_s != 0 else None
+    if why:
+        print(f"bench_gpu.py: no race contestant trained a batch ({why[:600]})", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -7,10 +7,11 @@ still runs, at FIT_END, after metrics.jsonl's last row) once `seconds` have pass
 split it appends {"batch", "train_s", "val_loss"} to `path` (JSON lines): the race's curve.
 
 It also times the optimizer step: every `sample_every`-th step from batch `first_timed` on, optimizer.step runs the
-microbatches' closure first, then a device sync, the update alone, another sync; the update's milliseconds go to
-`path` at the end ({"optimizer_ms": [...]}). Composer calls optimizer.step(closure) with the forward and backward
-inside the closure, so timing optimizer.step as it is would time the whole batch. The synced steps are a few in
-a hundred: the median step time that bench_gpu.py reports is that of the unsynced ones."""
+microbatches' closure first, then a device sync, the update alone, another sync; each update's milliseconds are
+appended to `path` as they are taken ({"batch", "optimizer_ms": [ms]}), so a run cut at its limit keeps them.
+Composer calls optimizer.step(closure) with the forward and backward inside the closure, so timing optimizer.step as
+it is would time the whole batch. The synced steps are a few in a hundred: the median step time that bench_gpu.py
+reports is that of the unsynced ones."""
 
 from __future__ import annotations
 
@@ -32,7 +33,6 @@ class RaceClock(Callback):
         self.eval_s = 0.0  # seconds in evaluations since then
         self.eval_t0 = None
         self.train_s = 0.0  # the race clock at the last batch's end
-        self.optimizer_ms: list[float] = []
 
     def fit_start(self, state: State, logger: Logger) -> None:
         optimizer = state.optimizers[0]
@@ -49,7 +49,7 @@ class RaceClock(Callback):
             t = time.perf_counter()
             step()
             sync()
-            self.optimizer_ms.append(1000 * (time.perf_counter() - t))
+            self.write({"batch": batch, "optimizer_ms": [round(1000 * (time.perf_counter() - t), 3)]})
             return loss
 
         optimizer.step = timed_step
@@ -73,9 +73,6 @@ class RaceClock(Callback):
         if state.dataloader_label == "val" and loss is not None:
             self.write({"batch": int(state.timestamp.batch), "train_s": round(self.train_s, 3),
                         "val_loss": float(loss)})
-
-    def fit_end(self, state: State, logger: Logger) -> None:
-        self.write({"optimizer_ms": [round(ms, 3) for ms in self.optimizer_ms]})
 
     def write(self, row: dict) -> None:
         with open(self.path, "a") as f:
