@@ -1,5 +1,6 @@
 """Plot a run's loss curve (train loss per batch, smoothed, and validation loss) from the metrics.jsonl train.py
-writes; prints the first and last train loss (mean of 20 batches) and the last val loss. Details: docs/training.md.
+writes; prints the first and last train loss (means of 20 batches that do not overlap; a run of 20 or fewer, its
+first and last batch) and the last val loss. Details: docs/training.md.
 
 Usage:
     python plot_loss.py runs/quickstart                 # writes runs/quickstart/loss.png

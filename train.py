@@ -65,7 +65,7 @@ from pilegpt.train.callbacks import (
     build_loggers,
 )
 from pilegpt.train.config import PART_RATES, TrainConfig, config_text, unused_gpt_settings
-from pilegpt.train.config_load import config_values, make_config
+from pilegpt.train.config_load import config_values, make_config, preset_values, unusual_settings
 from pilegpt.train.data.loaders import (
     build_dataloaders,
     build_eval_loader,
@@ -403,15 +403,18 @@ def build_loggers_and_callbacks(cfg: TrainConfig, model: ComposerGPT, folder: Ru
     return LoggersAndCallbacks(loggers, callbacks, metrics_log, preemption, uploads)
 
 
-def divergence_causes(cfg: TrainConfig) -> str:
-    """What the NaN stop's line tells the user to change: the learning rates in use (Muon's too), the warmup, and
-    the gradient clipping when it is off."""
+def divergence_causes(cfg: TrainConfig, presets: Optional[dict] = None) -> str:
+    """What the NaN stop's line tells the user to change: the learning rates in use (Muon's too), the warmup, the
+    gradient clipping when it is off, and the other settings that can diverge at a value neither the default nor a
+    preset in config/ uses (config_bounds.DIVERGENCE_SETTINGS; `presets`: config_load.preset_values())."""
     rates = [("learning_rate", cfg.learning_rate), *([("muon_lr", cfg.muon_lr)] if cfg.optimizer == "muon" else []),
              *[(k, getattr(cfg, k)) for k in PART_RATES if getattr(cfg, k)]]
     clip = "" if cfg.grad_clip else " (gradient clipping is off: e.g. --grad_clip=1.0)"
     lower = " or ".join(f"--{k} (now {v:g})" for k, v in rates) + ("," if len(rates) > 1 else "")
-    return f"lower {lower} or raise --warmup{clip}"
-
+    unusual = unusual_settings(cfg, preset_values() if presets is None else presets)
+    away = (f"; {' and '.join(unusual)} can cause it too, at a value neither the default nor a preset in config/ uses"
+            if unusual else "")
+    return f"lower {lower} or raise --warmup{clip}{away}"
 
 if __name__ == "__main__":
     run_main(main)

@@ -296,12 +296,14 @@ def common_length(seqs: list[list[int]], from_end: bool = False) -> int:
 
 
 def token_rows(kind: str, prompts: list[str], enc, block_size: int) -> tuple[list[Row], bool]:
-    """The rows to score and whether any was cut: multiple choice scores each row after the prefix they share,
+    """The rows to score and whether any was cut: multiple choice scores each row after the prefix they share (at
+    least the shortest row's last token),
     schema the suffix they share, language modelling the tokens the continuation adds. A row longer than block_size
     keeps its last block_size tokens (its start moved with it, and never to 0, which nothing predicts)."""
     seqs = [[EOT_ID] + enc.encode_ordinary(p) for p in prompts]
-    if kind == "multiple_choice":
-        start = common_length(seqs)
+    if kind == "multiple_choice":  # a choice that is a token prefix of another ("blue", "blue sky") shares all of
+        # its tokens with it: every row then starts at the shortest one's last token, or that choice scores nothing
+        start = min(common_length(seqs), min(len(s) for s in seqs) - 1)
         spans = [(start, len(s)) for s in seqs]
     elif kind == "schema":
         suffix = common_length(seqs, from_end=True)

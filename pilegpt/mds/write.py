@@ -5,14 +5,14 @@ Details: docs/mds-and-s3.md."""
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import json
 import multiprocessing
 import os
+import select
 import shutil
 import signal
-import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -174,15 +174,50 @@ def write_shard(task: ShardTask) -> dict:
     return index
 
 
+def pool_context() -> multiprocessing.context.BaseContext:
+    """The pool's start method: forkserver (spawn where there is none), never fork. A fork copies one thread of a
+    process that has others (numpy's BLAS pool, the probe MDSWriter's, tqdm's monitor, a caller's): a lock one of
+    them held stays held in the child forever (Python 3.12 warns at each fork). The server is a fresh interpreter
+    that imports nothing (numpy would start threads in it too) and forks each process of the pool from its single
+    thread; each process then imports what it runs."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([])  # not even __main__ (the default): to_mds.py imports numpy
+    return context
+
+
 def start_worker(parent: int) -> None:
-    """Set up a process of the pool: Ctrl-C is the parent's to handle (it stops the pool), and on Linux the
-    process dies with the parent, so a killed run leaves no process writing into its folder."""
+    """Set up a process of the pool: Ctrl-C is the parent's to handle (it stops the pool), and the process dies with
+    the parent `parent`, so a killed run leaves no process writing into its folder (a fork server's process would
+    go on with the shards already queued to it: the server is its parent, and lives while it does)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if sys.platform.startswith("linux"):
-        PR_SET_PDEATHSIG = 1  # from linux/prctl.h
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(1)
+    threading.Thread(target=die_with, args=(parent,), daemon=True, name="die-with-parent").start()
+
+
+def die_with(parent: int) -> None:
+    """Wait for the process `parent` to end (its pidfd on Linux, else a look every 0.1 s), then end this one."""
+    try:
+        fd = os.pidfd_open(parent)
+    except (AttributeError, OSError):  # not Linux 5.3+, or it has ended already
+        fd = None
+    if fd is not None:
+        select.select([fd], [], [])  # readable when it ends
+    else:
+        while process_exists(parent):
+            time.sleep(0.1)
+    os._exit(1)
+
+
+def process_exists(pid: int) -> bool:
+    """Whether the process `pid` exists (signal 0 checks without sending)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # there, under another user
+        return True
+    return True
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -216,10 +251,8 @@ def write_split(job: SplitJob, spec: dict, local: Path, settings: WriterSettings
                        T, writer, local) for j in range(n_shards))
     n_proc = min(num_proc, n_shards)
     pool = None
-    if n_proc > 1:  # fork: the processes start at once with Streaming imported (a fresh interpreter takes seconds);
-        # made before the progress bar starts its monitor thread, as fork copies only the calling thread
-        context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
-        pool = context.Pool(n_proc, initializer=start_worker, initargs=(os.getpid(),))
+    if n_proc > 1:
+        pool = pool_context().Pool(n_proc, initializer=start_worker, initargs=(os.getpid(),))
     indexes = []
     try:
         with tqdm(total=len(starts), unit="sample", unit_scale=True, desc=f"to_mds {job.name}", disable=None) as bar:

@@ -202,13 +202,15 @@ class TrainConfig:
 
     def _check_float_ranges(self) -> list[str]:
         """The float settings that no other rule bounds: each inside the range where it means something."""
+        from pilegpt.train.config_bounds import arithmetic_errors
+
         errors = [f"{k} must be in [0, 1), got {getattr(self, k)}" for k in ("beta1", "beta2")
                   if not 0 <= getattr(self, k) < 1]  # dropout, rope_theta and logit_softcap: GPTConfig's rules
         if self.weight_decay < 0:
             errors.append(f"weight_decay must be >= 0, got {self.weight_decay}")
         if self.dist_timeout > 1e6:  # a timedelta for torch.distributed: 1e300 s overflows it
             errors.append(f"dist_timeout must be at most 1e6 seconds (11.6 days), got {self.dist_timeout:g}")
-        return errors
+        return errors + arithmetic_errors(self, PART_RATES, MAX_LR)  # qk_scale, rope_theta, rate x decay, ...
 
     def _check_shape(self) -> list[str]:
         """The model's shape (GPTConfig's rules) and the global batch."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import difflib
+import glob
 import inspect
 import os
 import re
@@ -22,9 +23,14 @@ from pilegpt.removed import REMOVED_SETTINGS, at_removed_default, drop_removed, 
 from pilegpt.train.config import (
     ARCH_FIELDS,
     DATA_KEYS,
+    MUON_SETTINGS,
     TrainConfig,
     setting_default,
 )
+from pilegpt.train.config_bounds import DIVERGENCE_SETTINGS
+
+
+NOT_FINITE = ("nan", "inf", "infinity")  # float()'s names, which literal_eval does not read: --qk_scale=nan
 
 
 def field_types() -> dict[str, Any]:
@@ -69,6 +75,8 @@ def coerce(name: str, value: Any, source: str) -> Any:
         ok, converted = _convert(value, alt)
         if ok:
             return converted
+    if float in _alternatives(tp) and isinstance(value, str) and value.strip().lower().lstrip("+-") in NOT_FINITE:
+        raise UserError(f"{source}: {name} must be a finite number, got {value!r}")  # not "must be float"
     raise UserError(f"{source}: {name} must be {_type_name(tp)}, got {value!r}")
 
 
@@ -233,3 +241,30 @@ def usage(intro: str = "") -> str:
     return "\n".join(lines)
 
 
+def preset_values(folder: str = "") -> dict[str, list[Any]]:
+    """Each DIVERGENCE_SETTINGS setting's values in the presets of config/ (with their base files); a file that does
+    not read (one that needs the environment, say) is left out."""
+    folder = folder or os.path.join(os.path.dirname(__file__), "..", "..", "config")
+    seen: dict[str, list[Any]] = {k: [] for k in DIVERGENCE_SETTINGS}
+    for path in sorted(glob.glob(os.path.join(folder, "*.py"))):
+        try:
+            values = read_config_file(path)
+        except UserError:
+            continue
+        for k in DIVERGENCE_SETTINGS:
+            if k in values and values[k] not in seen[k]:
+                seen[k].append(values[k])
+    return seen
+
+
+def unusual_settings(cfg: TrainConfig, presets: dict[str, list[Any]]) -> list[str]:
+    """Those DIVERGENCE_SETTINGS that cfg sets to a value neither the default nor a preset uses, as "--name (now
+    value)"; muon_weight_decay with optimizer="adamw" (unused) is left out."""
+    unusual = []
+    for k in DIVERGENCE_SETTINGS:
+        value = getattr(cfg, k)
+        if cfg.optimizer != "muon" and k in MUON_SETTINGS:
+            continue
+        if value != setting_default(k) and value not in presets.get(k, []):
+            unusual.append(f"--{k} (now {value:g})")
+    return unusual

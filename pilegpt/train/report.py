@@ -364,6 +364,17 @@ def moving_average(values: list[float], window: int) -> list[float]:
     return out
 
 
+def first_to_last(losses: list[float]) -> str:
+    """"train loss A -> B": the means of the first and the last WINDOW batches, or of two halves that do not overlap
+    when the run is shorter than two windows; a run no longer than one window compares its first and last batch (two
+    overlapping windows would compare its batches with themselves)."""
+    if len(losses) <= WINDOW:
+        return f"train loss {losses[0]:.3f} -> {losses[-1]:.3f} (first and last batch)"
+    n = min(WINDOW, len(losses) // 2)
+    return (f"train loss {statistics.fmean(losses[:n]):.3f} -> {statistics.fmean(losses[-n:]):.3f} (means of the "
+            f"first and last {n} batches)")
+
+
 def plot(metrics: Metrics, out: Path, title: str) -> str:
     """Write the loss curve of these metrics to the PNG `out`; return the one-line summary."""
     import matplotlib
@@ -390,7 +401,6 @@ def plot(metrics: Metrics, out: Path, title: str) -> str:
     with atomic_path(out) as tmp:
         fig.savefig(tmp, format="png")
     plt.close(fig)
-    first, last = float(ys[:WINDOW].mean()), float(ys[-WINDOW:].mean())
-    return (f"plot_loss: {len(xs)} batches, train loss {first:.3f} -> {last:.3f}"
+    return (f"plot_loss: {len(xs)} batch{'es' if len(xs) != 1 else ''}, {first_to_last(ys.tolist())}"
             + (f", last val loss {val_ys[-1]:.3f}" if len(val_xs) else "")
             + (f", {len(sets)} more eval set(s)" if sets else "") + f" -> {out}")

@@ -69,7 +69,8 @@ def test_a_truncated_latest_checkpoint_falls_back_to_the_one_before(random_bin, 
 def test_a_diverging_loss_stops_the_run_before_any_bad_checkpoint(random_bin, tmp_path):
     run_dir = tmp_path / "run"
     result = run_train([f"--data_dir={random_bin}", *ARGS, f"--save_folder={run_dir}", "--max_duration=12ba",
-                        "--save_interval=2ba", "--eval_interval=2ba", "--learning_rate=1e6"], tmp_path)
+                        "--save_interval=2ba", "--eval_interval=2ba", "--learning_rate=1e6",
+                        "--weight_decay=0.0"], tmp_path)  # 1e6 x 0.1 is refused before training
     assert "went NaN or infinite at batch" in failed_with_one_line(result)
     saved = sorted(run_dir.glob("ep0-ba*-rank0.pt"))
     assert saved, "at least the first checkpoint was good"
@@ -81,9 +82,12 @@ def test_a_diverging_loss_stops_the_run_before_any_bad_checkpoint(random_bin, tm
 
 
 def test_a_diverging_muon_run_names_muon_lr_among_the_causes(random_bin, tmp_path, capsys):
-    # in this process (the NaN stop through the command line: the test above)
+    # in this process (the NaN stop through the command line: the test above); Muon's orthogonalised steps at 1e6
+    # alone stay finite for 12 batches (it was the weight decay, 1e6 x 0.1, that overflowed, now refused), so a
+    # fault makes the weights infinite
     line = main_error(train.main, [f"--data_dir={random_bin}", *ARGS, f"--save_folder={tmp_path / 'run'}",
-                                   "--max_duration=12ba", "--eval_interval=100ba", "--optimizer=muon", "--muon_lr=1e6"],
+                                   "--max_duration=12ba", "--eval_interval=100ba", "--optimizer=muon", "--muon_lr=1e6",
+                                   "--weight_decay=0.0", "--callbacks={'faults:InfiniteWeight': {'batch': 3}}"],
                       capsys, alone=False)
     assert "went NaN or infinite at batch" in line, line
     assert "lower --learning_rate (now 0.003) or --muon_lr (now 1e+06), or raise --warmup" in line, line
@@ -103,6 +107,19 @@ def test_infinite_weights_are_never_checkpointed_or_exported(random_bin, tmp_pat
     assert max(losses_by_batch(run_dir)) == 5  # batch 6's row is written at its checkpoint event: none after 5
     exported = torch.load(run_dir / "model.pt", map_location="cpu", weights_only=True)
     assert all(torch.isfinite(w).all() for w in exported["model"].values())
+
+
+def test_the_nan_line_names_the_settings_set_away_from_the_default_and_every_preset(random_bin, tmp_path, capsys):
+    # qk_scale=8 and beta2=0.5 are in bounds but no preset's, weight_decay=0.0 and qk_norm are config/nanochat.py's
+    line = main_error(train.main, [f"--data_dir={random_bin}", *ARGS, f"--save_folder={tmp_path / 'run'}",
+                                   "--max_duration=3ba", "--eval_interval=100ba", "--qk_scale=8", "--beta2=0.5",
+                                   "--weight_decay=0.0", "--qk_norm=True",
+                                   "--callbacks={'faults:InfiniteWeight': {'batch': 3}}"], capsys, alone=False)
+    assert line == (
+        "error: the weights went NaN or infinite at batch 3, so the run stopped before saving it: lower "
+        "--learning_rate (now 0.003) or raise --warmup; --qk_scale (now 8) and --beta2 (now 0.5) can cause it too, "
+        "at a value neither the default nor a preset in config/ uses, then continue from the last good checkpoint "
+        "with --autoresume=True")
 
 
 def test_resuming_with_another_model_shape_is_one_line(random_bin, tmp_path, capsys):

@@ -93,3 +93,19 @@ def test_config_nanochat_trains_evaluates_and_resumes_loss_for_loss(shakespeare_
     assert "autoresume: this run's" not in out  # the checkpoint's groups are the run's settings, the warmdown's too
     muon = checkpoint_state(run_dir / "ep0-ba6-rank0.pt")["optimizers"]["Muon"]["param_groups"][0]
     assert (muon["momentum"], muon["momentum_warmup"], muon["momentum_warmdown"]) == (0.97, 2, [0.9, 2, 6])
+
+
+def test_a_fresh_two_process_run_of_config_nanochat_gives_one_process_losses(shakespeare_bin, tmp_path):
+    """config/nanochat.py (shape shrunk by config/tiny.py and the command line) from its first batch on 2 processes
+    (`composer -n 2`): each rank orthogonalises half of Muon's matrices and gathers the rest, and the losses are
+    those of 1 process, batch for batch (issue 65: only its resumes were tested on 2)."""
+    args = [str(REPO / "config" / "tiny.py"), str(REPO / "config" / "nanochat.py"), f"--data_dir={shakespeare_bin}",
+            *SMALL, "--warmup=2ba", "--muon_momentum_warmup=2", "--max_duration=4ba", "--save_interval=4ba",
+            "--eval_interval=100ba", "--sample_length=0", "--progress_bar=False", "--device=cpu"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    succeeded(run_train([*args, f"--save_folder={one}"], tmp_path))
+    out = succeeded(run_train([*args, f"--save_folder={two}"], tmp_path, nproc=2))
+    assert "2 process(es) on cpu" in out and "muon: this rank orthogonalises" in out
+    whole, split = losses_by_batch(one), losses_by_batch(two)
+    assert sorted(split) == [1, 2, 3, 4] and split[4] < split[1]
+    assert_same_losses(split, whole, (1, 2, 3, 4), atol=ACROSS_PROCESS_COUNTS)

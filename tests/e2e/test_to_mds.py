@@ -10,6 +10,7 @@ import json
 import signal
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -111,19 +112,49 @@ def test_killed_run_publishes_nothing_keeps_old_dataset_and_rerun_is_valid(tmp_p
     to_mds.main(["--bin", str(old), "--out", str(out), "--block-size", "100"])  # the dataset to protect
     old_files = {p.name: p.read_bytes() for p in (out / "train").iterdir()}
 
-    args = ["--bin", str(data), "--out", str(out), "--block-size", "512", "--size-limit", "64kb", "--overwrite"]
+    args = ["--bin", str(data), "--out", str(out), "--block-size", "512", "--size-limit", "64kb", "--overwrite",
+            "--num-proc", "2"]
     proc = start(script("to_mds.py", *args))  # ~190 shards: a long window to kill it in
     staging = tmp_path / f"mds.tmp-{proc.pid}"
     # mid-way: some shards written, far from done
     wait_until(lambda: list(staging.glob("train/shard.00002.*")), proc, "moment to interrupt the conversion", 120)
+    pool = descendants(proc.pid)
+    assert len(pool) >= 3, pool  # the fork server and the pool's 2 processes (pilegpt/mds/write.py's pool_context)
     proc.send_signal(signal.SIGKILL)
     assert proc.wait() == -signal.SIGKILL
+    deadline = time.monotonic() + 30  # the pool's processes end with it: none goes on writing the queued shards
+    while [p for p in pool if Path(f"/proc/{p}").exists()] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in pool if Path(f"/proc/{p}").exists() and "zombie" not in state(p)], pool
     assert staging.is_dir()  # the partial dataset lies under its temporary name ...
     assert {p.name: p.read_bytes() for p in (out / "train").iterdir()} == old_files  # ... the old one is intact
 
     assert to_mds.main(args + ["--verify"]) == 0
     assert leftovers(tmp_path) == []  # the dead run's staging folder was cleaned up
     assert json.loads((out / "train" / "to_mds.json").read_text())["num_samples"] == 3_000_000 // 512
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes below `pid` (children, theirs, ...), from /proc."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    found, frontier = [], [pid]
+    while frontier:
+        children = [p for p, parent in parents.items() if parent in frontier]
+        found, frontier = found + children, children
+    return found
+
+
+def state(pid: int) -> str:
+    try:
+        return next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("State"))
+    except (OSError, StopIteration):
+        return "zombie (gone)"
 
 
 @pytest.mark.s3

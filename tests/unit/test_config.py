@@ -2,6 +2,7 @@
 errors (--help, through the command line: tests/e2e/test_config.py)."""
 
 import dataclasses
+import math
 import re
 
 import pytest
@@ -368,12 +369,88 @@ def test_ctrl_c_that_lands_inside_a_write_is_still_an_interrupt(capsys):
     ("--min_lr=1e999", "min_lr must be a finite number, got inf"),
     ("--beta2=1", "beta2 must be in [0, 1), got 1.0"),
     ("CONFIG", "logit_softcap must be a finite number, got nan"),  # a config file can hold what the flags cannot
+    # values that break the arithmetic (pilegpt/train/config_bounds.py): each NaN'd a run that blamed the rates
+    ("--qk_scale=1e30", "qk_scale must be in (0, 100] (it multiplies the attention scores by its square; 1 = off, "
+                        "nanochat: 1.2), got 1e+30"),
+    ("--qk_scale=0", "qk_scale must be a finite number > 0 (1 = off), got 0.0"),
+    ("--rope_theta=1", "rope_theta must be in [2, 1e12] (RoPE's base; 10000 usual, nanochat: 100000): at 1 every "
+                       "pair turns at one speed, past 1e12 the slowest stand still; got 1"),
+    ("--rope_theta=1e300", "rope_theta must be in [2, 1e12] (RoPE's base; 10000 usual, nanochat: 100000): at 1 every "
+                           "pair turns at one speed, past 1e12 the slowest stand still; got 1e+300"),
+    ("--logit_softcap=1e30", "logit_softcap must be at most 1e4 (0 = off, nanochat: 15): logits are tens, so a "
+                             "larger cap caps nothing, and past float32's 3.4e38 it is NaN; got 1e+30"),
+    ("--weight_decay=1e9", "learning_rate x weight_decay = 0.0006 x 1e+09 = 600000 must be at most 1 (each step "
+                           "multiplies the weights by 1 - lr x decay, negative past 1): lower weight_decay"),
+    ("--weight_decay=2000", "learning_rate x weight_decay = 0.0006 x 2000 = 1.2 must be at most 1 (each step "
+                            "multiplies the weights by 1 - lr x decay, negative past 1): lower weight_decay"),
+    ("--optimizer=muon --muon_weight_decay=1e9", "muon_lr x muon_weight_decay = 0.02 x 1e+09 = 2e+07 must be at most "
+                                                 "1 (each step multiplies the weights by 1 - lr x decay, negative past "
+                                                 "1): lower muon_weight_decay"),
+    ("--optimizer=muon --weight_decay=60", "muon_lr x weight_decay = 0.02 x 60 = 1.2 must be at most 1 (each step "
+                                           "multiplies the weights by 1 - lr x decay, negative past 1): lower "
+                                           "weight_decay"),  # Muon takes weight_decay's when muon_weight_decay=None
+    ("--lr_base_width=" + "9" * 400, "lr_base_width must be at most 1000000 (a width, e.g. 128), got " + "9" * 400),
+    ("--lr_base_width=1000000 --learning_rate=1e5", "learning_rate (with lr_base_width's factor) must be at most "
+                                                    "1e+06 (a learning rate; AdamW's are ~1e-3, Muon's ~0.02), got "
+                                                    "3.60844e+06"),
 ])
 def test_a_float_setting_that_is_not_finite_or_out_of_range_is_one_line_before_anything_is_written(
         tmp_path, capsys, setting, message):
     if setting == "CONFIG":
         (tmp_path / "nan.py").write_text('logit_softcap = float("nan")\n')
         setting = str(tmp_path / "nan.py")
-    error = main_error(train.main, [*DATA, "--pos_emb=rope", setting, f"--save_folder={tmp_path / 'run'}"], capsys)
+    error = main_error(train.main, [*DATA, "--pos_emb=rope", *setting.split(), f"--save_folder={tmp_path / 'run'}"],
+                       capsys)
     assert error == f"error: bad config: {message}"
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "Infinity", "NaN"])
+def test_nan_and_inf_for_a_float_setting_say_it_must_be_a_finite_number(tmp_path, capsys, value):
+    for setting in ("qk_scale", "muon_weight_decay"):  # a float, and a float or None
+        error = main_error(train.main, [*DATA, f"--{setting}={value}", f"--save_folder={tmp_path / 'run'}"], capsys)
+        assert error == f"error: argument --{setting}={value}: {setting} must be a finite number, got {value!r}"
+    (tmp_path / "c.py").write_text(f"data_dir = 'data/x'\nrope_theta = {value!r}\n")
+    error = main_error(train.main, [str(tmp_path / "c.py"), f"--save_folder={tmp_path / 'run'}"], capsys)
+    assert error == f"error: config file {tmp_path / 'c.py'}: rope_theta must be a finite number, got {value!r}"
+    assert not (tmp_path / "run").exists()
+    assert main_error(train.main, [*DATA, "--qk_scale=abc"], capsys) == (  # not a number at all: the type
+        "error: argument --qk_scale=abc: qk_scale must be float, got 'abc'")
+
+
+@pytest.mark.parametrize("qk_norm, nan_at", [(True, 1e4), (False, 1e6)])
+def test_qk_scale_at_its_bound_trains_and_at_1e4_gives_nan_gradients(qk_norm, nan_at):
+    """config_bounds.MAX_QK_SCALE's reason: 100 (scores x 1e4) still has finite gradients in float32, 1e4 not
+    (with QK-norm; without it, 1e6)."""
+    from model import GPT, GPTConfig
+    from pilegpt.train.config_bounds import MAX_QK_SCALE
+
+    def grad_norm(scale):
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=32, vocab_size=256, qk_norm=qk_norm,
+                              norm="rmsnorm", pos_emb="rope", qk_scale=scale))
+        x = torch.randint(0, 256, (4, 32))
+        model(x, x)[1].backward()
+        return torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None]).item()
+
+    assert math.isfinite(grad_norm(MAX_QK_SCALE)) and not math.isfinite(grad_norm(nan_at))
+
+
+def test_the_nan_stops_advice_names_settings_away_from_the_default_and_every_preset():
+    from pilegpt.train.config_load import preset_values
+
+    presets = preset_values()
+    assert presets["qk_scale"] == [1.2] and presets["rope_theta"] == [100000.0]  # config/nanochat.py's
+    nanochat = [str(REPO / "config" / "tiny.py"), str(REPO / "config" / "nanochat.py"), *DATA]
+    rates = ("lower --learning_rate (now 0.005) or --muon_lr (now 0.02) or --embedding_lr (now 0.3) or --head_lr "
+             "(now 0.008) or --scalar_lr (now 0.5), or raise --warmup (gradient clipping is off: e.g. --grad_clip=1.0)")
+    assert train.divergence_causes(train_config.load_config(nanochat)) == rates  # the preset's own values: none
+    changed = train_config.load_config([*nanochat, "--qk_scale=8", "--rope_theta=3", "--muon_weight_decay=0.5"])
+    assert train.divergence_causes(changed) == (
+        f"{rates}; --qk_scale (now 8) and --rope_theta (now 3) and --muon_weight_decay (now 0.5) can cause it too, at "
+        "a value neither the default nor a preset in config/ uses")
+    adamw = train_config.load_config([*DATA, "--muon_weight_decay=0.5", "--beta2=0.5", "--learning_rate=3e-3"])
+    assert train.divergence_causes(adamw, {}) == (  # muon_weight_decay is unused with AdamW
+        "lower --learning_rate (now 0.003) or raise --warmup; --beta2 (now 0.5) can cause it too, at a value neither "
+        "the default nor a preset in config/ uses")
+    assert train.divergence_causes(adamw, {"beta2": [0.5]}) == "lower --learning_rate (now 0.003) or raise --warmup"

@@ -84,6 +84,27 @@ def test_scored_spans_and_a_prompt_longer_than_the_context():
     assert cut and rows[0].tokens == ([EOT_ID] + tok(long))[-16:] and (rows[0].start, rows[0].end) == (15, 16)
 
 
+def test_a_choice_that_is_a_token_prefix_of_another_is_scored_on_its_last_token_and_can_win():
+    """"blue" is all of "blue sky"'s first tokens: scored after the prefix they share, its row held no token (a mean
+    loss of inf, never picked, in silence). Every row now starts at the shortest one's last token."""
+    enc, cpu = gpt2(), torch.device("cpu")
+    (is_,), (blue,), (sky,) = tok(" is"), tok(" blue"), tok(" sky")
+    prompts = core_eval.render("multiple_choice", {"query": "The sky is", "choices": ["blue", "blue sky"], "gold": 0},
+                               [], " ")
+    rows, _ = core_eval.token_rows("multiple_choice", prompts, enc, 64)
+    prefix = [EOT_ID] + tok("The sky is")
+    assert [r.tokens for r in rows] == [prefix + [blue], prefix + [blue, sky]]
+    assert [(r.start, r.end) for r in rows] == [(len(prefix), len(prefix) + 1), (len(prefix), len(prefix) + 2)]
+    item = core_eval.Item(0, 0, "multiple_choice", 0, rows, False)
+    scores = core_eval.row_scores(Bigram({is_: blue}), rows, cpu)  # " is" -> " blue": blue's L_HIT beats the mean
+    uniform = math.log(GPT2_VOCAB_SIZE)  # " blue" -> " sky": every logit 0 after " blue"
+    assert [m for m, _ in scores] == pytest.approx([L_HIT, (L_HIT + uniform) / 2], abs=1e-4)
+    assert core_eval.judge(item, scores).pred == 0
+    scores = core_eval.row_scores(Bigram({blue: sky}), rows, cpu)  # " blue" -> " sky" alone: blue sky's mean wins
+    assert [m for m, _ in scores] == pytest.approx([uniform, (uniform + L_HIT) / 2], abs=1e-4)
+    assert core_eval.judge(item, scores).pred == 1
+
+
 def test_each_type_picks_as_a_hand_computation_of_its_losses_says(tmp_path):
     sky, green, (red, wine) = tok(" is")[0], tok(" green")[0], tok(" red wine")
     # " is" -> " green" (green wins); " red" -> " wine": red wine's mean (L_MISS + L_HIT) / 2 beats blue's L_MISS

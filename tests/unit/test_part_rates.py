@@ -164,6 +164,7 @@ def test_a_part_rate_gets_the_one_reason_that_applies(settings, message):
 def test_the_nan_stops_advice_names_the_part_rates_in_use():
     import train
 
-    assert train.divergence_causes(config(tie_embeddings=False, head_lr=1e3, learning_rate=3e-3)) == (
+    assert train.divergence_causes(config(tie_embeddings=False, head_lr=1e3, learning_rate=3e-3,
+                                                    weight_decay=0.0)) == (
         "lower --learning_rate (now 0.003) or --head_lr (now 1000), or raise --warmup")
     assert train.divergence_causes(config(learning_rate=3e-3)) == "lower --learning_rate (now 0.003) or raise --warmup"

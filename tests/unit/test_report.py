@@ -74,3 +74,34 @@ def test_the_loss_plot_has_a_curve_for_every_eval_set_beside_val(tmp_path):
     assert sets["ArXiv"][0].tolist() == [2, 4] and sets["Github"][1].tolist() == [7.0, 6.5]
     line = plot(metrics, tmp_path / "loss.png", "mix")
     assert ", last val loss 8.500, 2 more eval set(s) -> " in line and (tmp_path / "loss.png").stat().st_size > 0
+
+
+def test_a_run_no_longer_than_the_loss_window_compares_its_first_and_last_batch_not_itself(tmp_path, capsys):
+    """plot_loss.py and report.md: 10 batches falling 10.82 -> 7.25 once read "9.682 -> 9.682" (one 20-batch window
+    over the whole run, at both ends)."""
+    import numpy as np
+
+    import plot_loss
+    from helpers import write_report_run
+
+    def run_of(losses):
+        write_report_run(tmp_path)  # its config.json and evals; the train losses replaced
+        (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"batch": i + 1, "loss": v}) + "\n"
+                                                        for i, v in enumerate(losses)))
+        assert plot_loss.main([str(tmp_path)]) == 0
+        printed = capsys.readouterr().out
+        assert report.main([str(tmp_path)]) == 0
+        return printed, (tmp_path / "report.md").read_text()
+
+    short = np.linspace(10.82, 7.25, 10).tolist()
+    printed, text = run_of(short)
+    assert "plot_loss: 10 batches, train loss 10.820 -> 7.250 (first and last batch)" in printed
+    assert "`loss.png`: plot_loss: 10 batches, train loss 10.820 -> 7.250 (first and last batch)" in text
+    for n_batches, window in ((30, 15), (50, 20)):  # two halves that do not overlap; two whole windows
+        losses = (10 - np.arange(n_batches) * 0.1).tolist()
+        first, last = np.mean(losses[:window]), np.mean(losses[-window:])
+        printed, _ = run_of(losses)
+        assert (f"plot_loss: {n_batches} batches, train loss {first:.3f} -> {last:.3f} (means of the first and last "
+                f"{window} batches)") in printed
+    printed, _ = run_of([9.5])
+    assert "plot_loss: 1 batch, train loss 9.500 -> 9.500 (first and last batch)" in printed
