@@ -45,7 +45,14 @@ from composer.utils import reproducibility
 
 from model import GPT, Block, GPTConfig
 from pilegpt import compat, model_contract
-from pilegpt.checkpoint import EXPORT_NAME, latest_checkpoint_name, load_for_resume
+from pilegpt.checkpoint import (
+    EXPORT_NAME,
+    latest_checkpoint_name,
+    load_for_resume,
+    safe_item,
+    safe_metadata,
+    sharded_refusal,
+)
 from pilegpt.common import (
     UserError,
     load_dotenv_file,
@@ -282,9 +289,10 @@ def build_trainer(cfg: TrainConfig, model: ComposerGPT, folder: RunFolder, world
         name = latest_checkpoint_name(folder.save_folder) if folder.resuming else folder.save_folder
         during.enter_context(compat.checkpoint_loads_through(lambda path, where: run_folder.check_optimizer_state(
             load_for_resume(path, where, name), optimization.optimizer, name)))
+        during.enter_context(compat.sharded_loads_through(refused_as(safe_item, name), refused_as(safe_metadata, name)))
         if out.uploads is not None:
             during.enter_context(checkpoint_uploads(out.uploads))
-        trainer = Trainer(
+        trainer = one_line_load_errors(Trainer)(
             model=model, train_dataloader=train_data, eval_dataloader=evaluators,
             eval_interval=cfg.eval_interval if evaluators else 1,
             eval_subset_num_batches=cfg.eval_subset_num_batches if evaluators else -1,
@@ -307,6 +315,33 @@ def build_trainer(cfg: TrainConfig, model: ComposerGPT, folder: RunFolder, world
     if folder.resuming:
         use_run_settings(trainer, optimization, world)
     return trainer, out
+
+
+def refused_as(load, name: str):
+    """load(stream) of a sharded checkpoint's part (pilegpt/checkpoint.py's weights-only readers), its refusal one
+    line naming the checkpoint."""
+    def read(stream):
+        try:
+            return load(stream)
+        except Exception as e:
+            raise sharded_refusal(e, name) from None
+    return read
+
+
+def one_line_load_errors(make):
+    """make(...), where torch.distributed.checkpoint's CheckpointException (each rank's failure to read a sharded
+    checkpoint, gathered) that holds one of refused_as's lines is that line."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    def call(*args, **kwargs):
+        try:
+            return make(*args, **kwargs)
+        except CheckpointException as e:
+            said = [f for f in e.failures.values() if isinstance(f, UserError)]
+            if said:
+                raise said[0] from None
+            raise
+    return call
 
 
 def use_run_settings(trainer: Trainer, optimization: Optimization, world: World) -> None:

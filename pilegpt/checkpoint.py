@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import pickle
 import re
 import tempfile
 import zipfile
@@ -27,8 +28,13 @@ from pilegpt.removed import drop_removed
 EXPORT_NAME = "model.pt"  # file name of the weights-only export train.py writes into its save folder
 EXPORT_FORMAT = "pile-gpt-export-v1"  # tag inside the export file, checked on load
 LATEST_CHECKPOINT = "latest-rank0.pt"  # Composer's name for the newest checkpoint (rank 0)
-CHECKPOINT_PATTERN = re.compile(r"^(ep\d+-ba\d+-rank\d+\.pt|latest-rank\d+\.pt(\.symlink)?)$")  # Composer's names
+# Composer's names: a whole checkpoint's file, a sharded one's (fsdp=True) folder of one __{rank}_0.distcp per rank
+# and the .metadata torch.distributed.checkpoint writes last, and the `latest` pointer (a symlink, or an S3 object)
+CHECKPOINT_PATTERN = re.compile(r"^(ep\d+-ba\d+-rank\d+\.pt|ep\d+-ba\d+/(\.metadata|__\d+_0\.distcp)|"
+                                r"latest-rank\d+\.pt(\.symlink)?)$")
 CHECKPOINT_FILE = re.compile(r"ep\d+-ba(?P<batch>\d+)-rank(?P<rank>\d+)\.pt")  # one Composer checkpoint file
+SHARDED_CHECKPOINT = re.compile(r"ep\d+-ba(?P<batch>\d+)")  # one sharded checkpoint's folder
+SHARDED_COMPLETE = ".metadata"  # in a sharded checkpoint's folder: written once every rank has written its part
 # Non-tensor types inside a Composer 0.32 checkpoint (found with torch.serialization.
 # get_unsafe_globals_in_checkpoint on a real one): timestamps hold timedeltas, metadata a TorchVersion
 # (a str), the RNG state numpy's uint32 Mersenne-Twister key. All are plain data: building them runs no code.
@@ -141,6 +147,41 @@ def load_for_resume(path: str, map_location: str, name: str) -> object:
         reason = str(e).split("can be read safely: ", 1)[-1]
         raise UserError(f"autoresume refused a checkpoint (nothing in it ran): {name}: {reason}; if it is not the "
                         "run's own, remove it and resume from the checkpoint before it") from None
+
+
+def safe_item(stream) -> object:
+    """A sharded checkpoint's non-tensor item (the timestamp, the schedulers', callbacks' and data loader's state),
+    weights-only with the plain types Composer checkpoints hold, as safe_load reads a whole checkpoint."""
+    with torch.serialization.safe_globals(COMPOSER_SAFE_GLOBALS):
+        return torch.load(stream, weights_only=True)
+
+
+class MetadataUnpickler(pickle.Unpickler):
+    """torch.distributed.checkpoint's .metadata (which tensor chunk lies where) unpickled with only the classes it
+    is made of: its own dataclasses, torch's sizes, dtypes and layouts, and a path; anything else is refused, so a
+    planted .metadata runs nothing."""
+
+    MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
+
+    def find_class(self, module: str, name: str):
+        found = super().find_class(module, name) if module in (*self.MODULES, "torch", "pathlib",
+                                                                  "torch.serialization") else None
+        if (module in self.MODULES and not name.startswith("__")) or (module, name) in (
+                ("torch", "Size"), ("pathlib", "PosixPath"), ("torch.serialization", "_get_layout")) or \
+                (module == "torch" and isinstance(found, torch.dtype)):
+            return found
+        raise pickle.UnpicklingError(f"{module}.{name} is not part of a checkpoint's metadata")
+
+
+def safe_metadata(stream) -> object:
+    """A sharded checkpoint's .metadata, read with MetadataUnpickler."""
+    return MetadataUnpickler(stream).load()
+
+
+def sharded_refusal(e: Exception, name: str) -> UserError:
+    """What autoresume says of a sharded checkpoint it refused to read (nothing in it ran)."""
+    return UserError(f"autoresume refused a checkpoint (nothing in it ran): {name}: {load_error_reason(e)}; if it is "
+                     "not the run's own, remove it and resume from the checkpoint before it")
 
 
 def gpt_state_from_composer(model_state: dict, source: str) -> tuple[dict, Optional[dict]]:

@@ -162,6 +162,40 @@ def checkpoint_loads_through(load: Callable[[str, str], Any]) -> Iterator[None]:
         checkpoint._torch_load_with_validation = original
 
 
+@contextlib.contextmanager
+def sharded_loads_through(load_object: Callable[[Any], Any], load_metadata: Callable[[Any], Any]) -> Iterator[None]:
+    """Inside, a sharded checkpoint (fsdp=True) is read with `load_object(stream)` for each of its non-tensor items
+    and `load_metadata(stream)` for its .metadata, instead of torch.distributed.checkpoint's full unpickling (its
+    tensors it already reads with torch.load(weights_only=True)).
+
+    Private: DefaultLoadPlanner.load_bytes calls torch.load(weights_only=False) and FileSystemReader.read_metadata
+    pickle.load, the methods Composer's sharded load goes through (it builds the reader and the planner itself)."""
+    from torch.distributed.checkpoint import default_planner, filesystem
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    def load_bytes(planner, read_item, value):
+        item = load_object(value)
+        if planner.flatten_state_dict:
+            default_planner.set_element(planner.original_state_dict, planner.mappings[read_item.dest_index.fqn], item)
+        else:
+            planner.state_dict[read_item.dest_index.fqn] = item
+
+    def read_metadata(reader):
+        with reader.fs.create_stream(reader.fs.concat_path(reader.path, ".metadata"), "rb") as stream:
+            metadata = load_metadata(stream)
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = reader.load_id
+        return metadata
+
+    originals = default_planner.DefaultLoadPlanner.load_bytes, filesystem.FileSystemReader.read_metadata
+    default_planner.DefaultLoadPlanner.load_bytes, filesystem.FileSystemReader.read_metadata = load_bytes, read_metadata
+    try:
+        yield
+    finally:
+        default_planner.DefaultLoadPlanner.load_bytes, filesystem.FileSystemReader.read_metadata = originals
+
+
 def activate_ema_weights(algorithm: Any, state: Any) -> None:
     """Swap EMA's averaged weights into the model, as Composer's EMA does itself before a checkpoint.
 

@@ -29,7 +29,6 @@ from pilegpt.train.config import (
 )
 from pilegpt.train.config_bounds import DIVERGENCE_SETTINGS
 
-
 NOT_FINITE = ("nan", "inf", "infinity")  # float()'s names, which literal_eval does not read: --qk_scale=nan
 
 

@@ -167,7 +167,7 @@ def test_muon_weight_decay_is_muons_alone_and_falls_as_a_cosine():
         load_config([*DATA, "--muon_wd_cosine=True", "--max_duration=1ep"])
     with pytest.raises(UserError, match=r"muon_weight_decay must be >= 0 \(or None: weight_decay's\), got -0.1"):
         load_config([*DATA, "--muon_weight_decay=-0.1"])
-    with pytest.raises(UserError, match=r"muon_weight_decay must be float or None, got 'nan'"):
+    with pytest.raises(UserError, match=r"muon_weight_decay must be a finite number, got 'nan'"):
         load_config([*DATA, "--muon_weight_decay=nan"])
     with pytest.raises(UserError, match=r"muon_weight_decay must be a finite number, got inf"):
         make_config(dict(data_dir="d", muon_weight_decay=math.inf))
@@ -208,7 +208,7 @@ def test_muon_momentum_falls_over_the_warmdown_as_nanochats():
     for bad, message in (("--muon_momentum_warmdown=1", r"muon_momentum_warmdown must be in \[0, 1\) \(0 = off; "
                                                         r"nanochat: 0.9\), got 1.0"),
                          ("--muon_momentum_warmdown=-0.5", r"must be in \[0, 1\) .*got -0.5"),
-                         ("--muon_momentum_warmdown=nan", r"muon_momentum_warmdown must be float, got 'nan'"),
+                         ("--muon_momentum_warmdown=nan", r"muon_momentum_warmdown must be a finite number, got 'nan'"),
                          ("--muon_momentum_warmdown=fast", r"muon_momentum_warmdown must be float, got 'fast'")):
         with pytest.raises(UserError, match=message):
             load_config([*DATA, "--lr_schedule=wsd", bad])

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 from pilegpt import storage
-from pilegpt.checkpoint import CHECKPOINT_FILE, LATEST_CHECKPOINT
+from pilegpt.checkpoint import CHECKPOINT_FILE, LATEST_CHECKPOINT, SHARDED_CHECKPOINT, SHARDED_COMPLETE
 
 
 def set_aside_broken_checkpoints(save_folder: str) -> Optional[str]:
@@ -21,10 +21,11 @@ def set_aside_broken_checkpoints(save_folder: str) -> Optional[str]:
 
     Composer writes checkpoints in place, so a kill during a write leaves a truncated file: autoresume then
     either fails to read it (when latest-rank0.pt points at it) or refuses to overwrite it later. Checkpoint
-    files (newest first) are checked until one is whole (every zip record passes its CRC); those that are not
-    are renamed `<name>.broken-<time>` (set aside, never deleted), and latest-rank0.pt is pointed at the newest
-    whole one. Checkpoints on S3 are uploaded whole or not at all, but the `latest` pointer is uploaded after
-    its checkpoint: see point_latest_at_newest_s3.
+    files (newest first) are checked until one is whole (every zip record passes its CRC; a sharded checkpoint's
+    folder: its .metadata, written once every rank's part is); those that are not are renamed
+    `<name>.broken-<time>` (set aside, never deleted), and latest-rank0.pt is pointed at the newest whole one.
+    Checkpoints on S3 are uploaded whole or not at all, but the `latest` pointer is uploaded after its checkpoint:
+    see point_latest_at_newest_s3.
     """
     if storage.is_s3(save_folder):
         return point_latest_at_newest_s3(save_folder)
@@ -33,14 +34,15 @@ def set_aside_broken_checkpoints(save_folder: str) -> Optional[str]:
         return None
     by_batch: dict[int, list[Path]] = {}
     for p in folder.iterdir():
-        m = CHECKPOINT_FILE.fullmatch(p.name)
-        if m:
+        m = CHECKPOINT_FILE.fullmatch(p.name) or (SHARDED_CHECKPOINT.fullmatch(p.name) if p.is_dir() else None)
+        if m and not p.is_symlink():
             by_batch.setdefault(int(m["batch"]), []).append(p)
     broken, good = [], None
     for batch in sorted(by_batch, reverse=True):
-        rank0 = [p for p in by_batch[batch] if p.name.endswith("-rank0.pt")]
-        if rank0 and is_whole_checkpoint(rank0[0]):
-            good = rank0[0]
+        whole = [p for p in by_batch[batch] if is_whole_sharded(p) or (p.name.endswith("-rank0.pt")
+                                                                         and is_whole_checkpoint(p))]
+        if whole:
+            good = whole[0]
             break
         broken += by_batch[batch]
     latest = folder / LATEST_CHECKPOINT
@@ -80,6 +82,12 @@ def point_latest_at_newest_s3(save_folder: str) -> Optional[str]:
     folder.write(pointer, folder.key(newest).encode())
     was = f"at {current.rsplit('/', 1)[-1]}" if current else "missing"
     return f"{pointer} was {was} (the run stopped before uploading it): resuming from {newest}, the newest checkpoint"
+
+
+def is_whole_sharded(path: Path) -> bool:
+    """Whether a sharded checkpoint's folder is complete: torch.distributed.checkpoint writes its .metadata (by a
+    rename) only after every rank has written its part."""
+    return path.is_dir() and (path / SHARDED_COMPLETE).is_file()
 
 
 def is_whole_checkpoint(path: Path) -> bool:
