@@ -178,6 +178,36 @@ def safe_metadata(stream) -> object:
     return MetadataUnpickler(stream).load()
 
 
+def sharded_model_state(folder: str) -> dict:
+    """A sharded checkpoint's (fsdp=True's) state["model"], as a whole checkpoint holds it: the tensors by name, whole
+    (every rank's part put together), and the wrapper's extra state (model_args); read in this process, weights-only
+    (safe_item, safe_metadata), the optimizer state never loaded."""
+    from torch.distributed.checkpoint import FileSystemReader, load
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    from pilegpt import compat
+
+    with open(os.path.join(folder, SHARDED_COMPLETE), "rb") as stream:
+        metadata = safe_metadata(stream)
+    wanted = {fqn: item for fqn, item in metadata.state_dict_metadata.items() if fqn.startswith("state.model.")}
+    flat = {fqn: torch.empty(item.size, dtype=item.properties.dtype) if isinstance(item, TensorStorageMetadata)
+            else None for fqn, item in wanted.items()}
+    with compat.sharded_loads_through(safe_item, safe_metadata):
+        load(flat, storage_reader=FileSystemReader(folder), planner=DefaultLoadPlanner(allow_partial_load=True))
+    model: dict = {}
+    for fqn, value in flat.items():  # ("state", "model", "_extra_state", "model_args", "n_layer") -> nested dicts
+        path = metadata.planner_data.get(fqn, tuple(fqn.split(".")))[2:]
+        if path and path[0] == "_extra_state":
+            node = model.setdefault("_extra_state", {})
+            for part in path[1:-1]:
+                node = node.setdefault(part, {})
+            node[path[-1]] = value
+        else:
+            model[fqn[len("state.model."):]] = value
+    return model
+
+
 def sharded_refusal(e: Exception, name: str) -> UserError:
     """What autoresume says of a sharded checkpoint it refused to read (nothing in it ran)."""
     return UserError(f"autoresume refused a checkpoint (nothing in it ran): {name}: {load_error_reason(e)}; if it is "
@@ -227,7 +257,12 @@ def load_model_file(path: str, n_head: Optional[int] = None, source: Optional[st
     """The GPT (or the custom model: custom_model_from_weights) in a model.pt export or a Composer checkpoint file,
     on the CPU, in eval mode."""
     source = source or path
-    payload = safe_load(path)
+    try:
+        payload = {"state": {"model": sharded_model_state(path)}} if os.path.isdir(path) else safe_load(path)
+    except UserError:
+        raise
+    except Exception as e:  # a damaged or planted sharded checkpoint
+        raise UserError(f"{path} is a sharded checkpoint that cannot be read safely: {load_error_reason(e)}") from None
     try:
         if isinstance(payload, dict) and payload.get("format") == EXPORT_FORMAT:
             if "model_class" in payload:
@@ -302,11 +337,14 @@ def custom_model_from_weights(recorded: ModelSpec, state: dict, source: str, mod
 # Finding the file: a checkpoint file or a run folder, local or s3://
 
 def resolve_local(spec: str) -> str:
-    """The file to load for a local path: the file itself, or a run folder's export / latest checkpoint."""
+    """The file to load for a local path: the file itself, or a run folder's export / latest checkpoint (a sharded
+    checkpoint's folder is loaded as a file is)."""
     path = Path(spec)
+    if path.is_dir() and (path / SHARDED_COMPLETE).is_file():  # a sharded checkpoint (fsdp=True) itself
+        return str(path)
     if path.is_dir():
-        for name in (EXPORT_NAME, LATEST_CHECKPOINT):
-            if (path / name).is_file():
+        for name in (EXPORT_NAME, LATEST_CHECKPOINT):  # the export, or the latest checkpoint (a file or a folder)
+            if (path / name).is_file() or (path / name / SHARDED_COMPLETE).is_file():
                 return str(path / name)
         raise UserError(f"{spec} holds neither {EXPORT_NAME} nor {LATEST_CHECKPOINT}: "
                         f"pass a checkpoint file, or the save folder of a train.py run")

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import train
 from e2e.test_preemption import SLOW, started, stopped_batch
@@ -25,7 +26,6 @@ from helpers import (
     run_command,
     run_train,
     succeeded,
-    train_main,
     wait_until,
 )
 from pilegpt.checkpoint import LATEST_CHECKPOINT, load_model_file
@@ -75,6 +75,11 @@ def test_fsdp_trains_as_ddp_does_loss_for_loss(recipe, shakespeare_bin, tmp_path
                                                                                "__1_0.distcp"]
     assert sorted(p.name for p in run.glob("*.pt")) == [LATEST_CHECKPOINT, "model.pt"]
     assert (run / LATEST_CHECKPOINT).resolve() == (run / "ep0-ba6").resolve()
+    # sample.py, eval.py and export_hf.py read a sharded checkpoint's folder too (weights-only, in one process): the
+    # weights of model.pt, written with it, bit for bit
+    from_shards, export = load_model_file(str(run / "ep0-ba6")), load_model_file(str(run / "model.pt"))
+    assert all(torch.equal(a, b) for a, b in zip(from_shards.state_dict().values(), export.state_dict().values()))
+    assert from_shards.config == export.config
     # model.pt holds the whole weights (gathered from the shards): the DDP run's, within 1% of each tensor's largest
     # value (measured: 0.3%, nanochat's backout_lambda, which scalar_lr=0.5 moved from 0.2 to -0.64 in 6 batches)
     mine, theirs = load_model_file(str(run / "model.pt")), load_model_file(str(ddp(recipe) / "model.pt"))
@@ -119,8 +124,8 @@ def test_a_sigtermed_fsdp_run_resumes_loss_for_loss_on_two_processes_then_one_th
     line = main_error(train.main, [*args, *save, "--fsdp=False"], capsys, alone=False)
     assert "fsdp=False (the run has True)" in line and "another checkpoint format" in line, line
 
-    crash_to(run, 3)  # a 2-process checkpoint, resumed by 1 process
-    train_main([*args, *save])
+    crash_to(run, 3)  # a 2-process checkpoint, resumed by 1 process (its own: FSDP sets up torch.distributed)
+    succeeded(run_train([*args, "--autoresume=True"], tmp_path / "cut"))
     assert_same_losses(losses_by_batch(run), want, range(4, 10), atol=ACROSS_PROCESS_COUNTS)
     assert sorted(p.name for p in (run / "ep0-ba6").iterdir()) == [".metadata", "__0_0.distcp"]
     crash_to(run, 6)  # a 1-process checkpoint, resumed by 2
