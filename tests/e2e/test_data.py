@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -274,6 +275,13 @@ def test_two_runs_on_one_mds_dataset_with_one_data_local_is_one_line_naming_data
         assert line == (f"error: MDS split train/ of {root}: another process on this machine reads it through the "
                         f"same cache under data_local={cache} (two runs on one dataset cannot share a cache): pass "
                         "this run --data_local=ANOTHER_FOLDER")
+        # on 2 processes (issue 65): the local leader's refusal reaches every rank before Streaming's barrier, so
+        # each says the same line and exits 2 (none fails waiting there for the leader), well within dist_timeout
+        started = time.monotonic()
+        code, out = run_train(second, tmp_path, nproc=2, launcher="pilegpt")
+        assert code == 2 and "Traceback" not in out and "Connection closed" not in out, out[-4000:]
+        assert {ln for ln in out.splitlines() if ln.startswith("error: ")} == {line}, out[-4000:]
+        assert time.monotonic() - started < 120
         succeeded(run_train([*second, f"--data_local={tmp_path / 'cache2'}"], tmp_path))
         assert first.poll() is None  # the first run trains on
         assert len(read_jsonl(tmp_path / "run1" / "metrics.jsonl")) >= 1

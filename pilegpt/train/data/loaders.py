@@ -191,7 +191,8 @@ def mds_split(cfg, split: str, batch_size: int, shuffle: bool, weighted: bool = 
                               **(cfg.data_mix.get(root, {}) if weighted else {})))
     try:
         with compat.streaming_start_lock():  # two runs starting at once; shared memory a crash left
-            if os.environ.get("LOCAL_RANK", "0") == "0" and compat.caches_read_elsewhere([s.local for s in streams]):
+            leader = os.environ.get("LOCAL_RANK", "0") == "0"  # the others attach to its block: only it can tell
+            if any_rank(leader and compat.caches_read_elsewhere([s.local for s in streams])):
                 raise shared_cache_error(cfg, split, roots)  # another run reads it (Streaming's check misses one)
             return CheckedStreamingDataset(streams=streams, batch_size=batch_size, shuffle=shuffle,
                                            shuffle_seed=cfg.seed, num_canonical_nodes=cfg.num_canonical_nodes)
@@ -199,6 +200,16 @@ def mds_split(cfg, split: str, batch_size: int, shuffle: bool, weighted: bool = 
         if str(e).startswith("Reused local directory") and " vs " in str(e):  # a live dataset of another process
             raise shared_cache_error(cfg, split, roots) from None
         raise UserError(f"cannot open MDS split {split}/ of {roots}: {e}") from None
+
+
+def any_rank(flag: bool) -> bool:
+    """Whether `flag` holds on any process of the job (every process asks at the same point; one process: itself),
+    so that a refusal one local leader finds ends every rank, none left waiting at Streaming's barrier for it."""
+    from composer.utils import dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return flag
+    return any(dist.all_gather_object(bool(flag)))
 
 
 def shared_cache_error(cfg, split: str, roots: list[str]) -> UserError:
