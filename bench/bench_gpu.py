@@ -51,6 +51,8 @@ of steps warmup+1 .. steps-1, with the columns above plus vocab and microbatch:
     eager-50304-fixed     vocab padded to a multiple of 64
     eager-50304-muon      eager-50304-fixed with optimizer="muon" instead of AdamW: what Muon's steps cost
     eager-50304-modern    eager-50304-fixed with config/modern.py applied after pile.py (the architecture preset)
+    eager-50304-fsdp      eager-50304-fixed with fsdp=True: FSDP2 on one GPU (its all-gathers and reduce-scatters
+                          over one rank, the sharded optimizer state), against eager-50304-fixed's DDP step
     compile-50304-fixed   eager-50304-fixed and torch.compile (train.py --compile=True)
     compile-50304-modern  compile-50304-fixed with config/modern.py
     eager-50304-auto      microbatch "auto" instead of 12 (Composer: start at the whole batch, halve on each CUDA OOM)
@@ -136,6 +138,7 @@ class Variant:
     auto_microbatch: bool
     optimizer: str = "adamw"  # train.py's optimizer setting
     preset: str = ""  # a config file applied after config/pile.py, e.g. "modern.py"
+    fsdp: bool = False  # train.py's fsdp setting: FSDP2 on one GPU, its own overhead against DDP's step
 
     @property
     def gpu_only(self) -> bool:
@@ -148,6 +151,7 @@ VARIANTS = (  # the baseline first, then what the recommendation needs; the budg
     Variant("eager-50304-fixed", compile=False, vocab_size=50304, auto_microbatch=False),
     Variant("eager-50304-muon", compile=False, vocab_size=50304, auto_microbatch=False, optimizer="muon"),
     Variant("eager-50304-modern", compile=False, vocab_size=50304, auto_microbatch=False, preset="modern.py"),
+    Variant("eager-50304-fsdp", compile=False, vocab_size=50304, auto_microbatch=False, fsdp=True),
     Variant("compile-50304-fixed", compile=True, vocab_size=50304, auto_microbatch=False),
     Variant("compile-50304-modern", compile=True, vocab_size=50304, auto_microbatch=False, preset="modern.py"),
     Variant("eager-50304-auto", compile=False, vocab_size=50304, auto_microbatch=True),
@@ -585,7 +589,7 @@ def variant_settings(setup: Setup, v: Variant, precision: str) -> list[str]:
     return [str(PILE), *setup.train_args(), f"--run_name={v.name}", f"--save_folder={run_dir}",
             f"--data_local={setup.work / 'cache' / v.name}", f"--compile={v.compile}", f"--vocab_size={v.vocab_size}",
             f"--device_train_microbatch_size={microbatch}", f"--precision={precision}", f"--optimizer={v.optimizer}",
-            *([str(REPO / "config" / v.preset)] if v.preset else [])]
+            f"--fsdp={v.fsdp}", *([str(REPO / "config" / v.preset)] if v.preset else [])]
 
 
 def run_variant(setup: Setup, v: Variant, precision: str, timeout_s: float) -> Row:

@@ -83,7 +83,9 @@ left=$(( run_s - (SECONDS - start) - pack_s ))
 budget=$(( left - 15 ))  # the bench's own budget; `timeout` at $left is the hard stop (SIGTERM, then SIGKILL)
 if [ "$budget" -lt 30 ]; then fail "only $left s left of PILEGPT_GPU_RUN_S=$run_s after the install"; fi
 echo "gpu_run.sh: bench_gpu.py ${smoke[*]} --budget-s $budget (stopped at $left s)"
-timeout -k 10 "$left" "$python" bench/bench_gpu.py "${smoke[@]}" --out "$table" --logs "$logs" \
+rows=(--variants eager-50304-fixed eager-50304-fsdp)  # after the race, while the budget lasts: FSDP2 vs DDP
+if [ ${#smoke[@]} -gt 0 ]; then rows=(); fi
+timeout -k 10 "$left" "$python" bench/bench_gpu.py "${smoke[@]}" "${rows[@]}" --out "$table" --logs "$logs" \
     --budget-s "$budget" &
 pid=$!
 trap 'echo "gpu_run.sh: SIGTERM: stopping the bench"; kill -TERM "$pid" 2>/dev/null' TERM

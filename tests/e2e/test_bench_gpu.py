@@ -126,8 +126,10 @@ def test_every_variants_settings_are_ones_train_py_takes(tmp_path):
         assert cfg.optimizer == preset.get("optimizer", v.optimizer), v.name  # the preset file comes last
         assert all(getattr(cfg, k) == preset[k] for k in ("pos_emb", "norm", "mlp") if k in preset), v.name
         assert cfg.device_train_microbatch_size == ("auto" if v.auto_microbatch else 4), v.name
+        assert cfg.fsdp is v.fsdp, v.name
         assert (cfg.max_duration, cfg.global_batch_size, cfg.block_size) == ("8ba", 8, 64), v.name
     assert any(v.preset for v in bench.VARIANTS) and any(v.optimizer == "muon" for v in bench.VARIANTS)
+    assert [v.name for v in bench.VARIANTS if v.fsdp] == ["eager-50304-fsdp"]
 
 
 def live_in_group(pgid: int) -> list[int]:
