@@ -15,13 +15,15 @@ PRESETS = {"gpt2": [], "modern": [str(REPO / "config" / "modern.py")]}
 
 
 @pytest.mark.parametrize("preset", list(PRESETS))
-def test_compiled_run_equals_eager_checkpoints_resumes_and_exports(preset, shakespeare_bin, tmp_path):
+def test_compiled_run_equals_eager_checkpoints_resumes_and_exports(preset, shakespeare_bin, tmp_path, capsys):
     args = [str(REPO / "config" / "tiny.py"), f"--data_dir={shakespeare_bin}", *SMALL, *PRESETS[preset],
             "--max_duration=6ba", "--save_interval=3ba", "--eval_interval=6ba", "--eval_subset_num_batches=1",
-            "--sample_length=0", "--progress_bar=False", "--device=cpu"]
+            "--sample_length=8", "--progress_bar=False", "--device=cpu"]  # the samples' graphs compiled too (issue 65)
     eager, compiled = tmp_path / "eager", tmp_path / "compiled"
     train_main([*args, f"--save_folder={eager}"])
+    capsys.readouterr()
     train_main([*args, f"--save_folder={compiled}", "--compile=True"])
+    assert "sample at batch 6: " in capsys.readouterr().out  # generation: one compiled graph per prompt length
     want = losses_by_batch(eager)
     assert sorted(want) == [1, 2, 3, 4, 5, 6]
     # inductor fuses and reorders eager's float32 arithmetic: the losses differ by rounding, at most 9.5e-7 measured
