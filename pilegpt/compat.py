@@ -106,10 +106,12 @@ def sharded_autoresume_reads_through(bucket: str, store: Any) -> Iterator[None]:
     and skips the saver's remote_backend that it uses for a whole checkpoint."""
     from composer.trainer import trainer
 
+    from pilegpt import s3, storage
+
     original = trainer.maybe_create_object_store_from_uri
 
     def store_for(uri: str):
-        ours = isinstance(uri, str) and (uri == f"s3://{bucket}" or uri.startswith(f"s3://{bucket}/"))
+        ours = isinstance(uri, str) and storage.is_s3(uri) and s3.parse_s3_url(uri)[0] == bucket
         return store if ours else original(uri)
 
     trainer.maybe_create_object_store_from_uri = store_for
