@@ -21,6 +21,8 @@ from helpers import (
     succeeded,
     wait_until,
 )
+from pilegpt.checkpoint import load_model, load_model_file
+from pilegpt.common import UserError
 from pilegpt.train.run.preemption import PREEMPTED
 from pilegpt.train.run.resume import set_aside_broken_checkpoints
 from pilegpt.train.run.uploads import S3Uploads, UploadSkipped
@@ -106,6 +108,12 @@ def test_a_sigtermed_fsdp_run_on_s3_resumes_from_the_bucket_loss_for_loss_on_two
     checkpoints = sharded(objects(s3_env, f"{prefix}/run"))
     assert checkpoints[f"ep0-ba{late}"] == PARTS and checkpoints["ep0-ba12"] == [".metadata", "__0_0.distcp"]
     assert not [p for p in scratch.rglob("*") if not p.is_dir()]
+    # sample.py, eval.py and export_hf.py read the run folder in the bucket: its model.pt, the whole weights (the
+    # uninterrupted run's within 1% of each tensor's largest value, as test_fsdp.py compares FSDP's with DDP's)
+    mine, theirs = load_model(f"s3://{s3_env.bucket}/{prefix}/run"), load_model_file(str(tmp_path / "whole" / "run"
+                                                                                         / "model.pt"))
+    for (name, p), q in zip(mine.named_parameters(), theirs.parameters()):
+        assert p.shape == q.shape and (p - q).abs().max() <= 1e-2 * q.abs().max() + 1e-6, name
 
 
 def test_a_sharded_checkpoints_metadata_is_uploaded_once_every_ranks_part_is_in_the_bucket(s3_env, tmp_path):
@@ -169,3 +177,15 @@ def test_autoresume_points_latest_at_the_newest_complete_sharded_checkpoint_and_
     assert note.endswith(": ep0-ba2; no whole checkpoint is left: starting from scratch"), note
     found = objects(s3_env, f"{prefix}-b")
     assert [k.split(".broken-")[0] for k in sharded(found)] == ["ep0-ba2"] and "latest-rank0.pt.symlink" not in found
+
+
+def test_a_sharded_checkpoint_in_the_bucket_read_by_sample_or_eval_is_one_line_naming_model_pt(s3_env):
+    client, bucket, prefix = s3_env.client(), s3_env.bucket, f"read-{os.getpid()}"
+    for name in PARTS:
+        client.put_object(Bucket=bucket, Key=f"{prefix}/ep0-ba2/{name}", Body=b"part")
+    client.put_object(Bucket=bucket, Key=f"{prefix}/latest-rank0.pt.symlink", Body=f"{prefix}/ep0-ba2".encode())
+    with pytest.raises(UserError) as e:  # a run folder without its model.pt: the pointer leads to a folder of parts
+        load_model(f"s3://{bucket}/{prefix}")
+    assert str(e.value) == (f"cannot read s3://{bucket}/{prefix}: s3://{bucket}/{prefix}/ep0-ba2 is a sharded "
+                            "checkpoint (fsdp=True), read only by train.py's autoresume: pass the run's model.pt, "
+                            "which train.py writes beside it")
