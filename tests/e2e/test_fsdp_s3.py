@@ -104,7 +104,7 @@ def test_a_sigtermed_fsdp_run_on_s3_resumes_from_the_bucket_loss_for_loss_on_two
     assert (f"latest-rank0.pt.symlink was at ep0-ba12 (the run stopped before uploading it): resuming from "
             f"ep0-ba{late}") in out and f"resuming from the checkpoint at batch {late} " in out, out[-3000:]
     assert_same_losses(losses_by_batch(tmp_path / "alone" / "runs" / "f"), want, range(late + 1, 13),
-                       atol=ACROSS_PROCESS_COUNTS)
+                       atol=ACROSS_PROCESS_COUNTS)  # (measured: 1.9e-6; 2 processes as 2 above: 0.0)
     checkpoints = sharded(objects(s3_env, f"{prefix}/run"))
     assert checkpoints[f"ep0-ba{late}"] == PARTS and checkpoints["ep0-ba12"] == [".metadata", "__0_0.distcp"]
     assert not [p for p in scratch.rglob("*") if not p.is_dir()]
