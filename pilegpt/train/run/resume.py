@@ -24,8 +24,8 @@ def set_aside_broken_checkpoints(save_folder: str) -> Optional[str]:
     files (newest first) are checked until one is whole (every zip record passes its CRC; a sharded checkpoint's
     folder: its .metadata, written once every rank's part is); those that are not are renamed
     `<name>.broken-<time>` (set aside, never deleted), and latest-rank0.pt is pointed at the newest whole one.
-    Checkpoints on S3 are uploaded whole or not at all, but the `latest` pointer is uploaded after its checkpoint:
-    see point_latest_at_newest_s3.
+    On S3 a checkpoint file is uploaded whole or not at all and a sharded one part by part, its .metadata last, and
+    the `latest` pointer after either: see point_latest_at_newest_s3.
     """
     if storage.is_s3(save_folder):
         return point_latest_at_newest_s3(save_folder)
