@@ -374,6 +374,9 @@ def download_s3(spec: str, tmpdir: str, endpoint_url: Optional[str] = None) -> s
         if found.endswith(".symlink"):
             target = root.read(found).decode().strip()
             found = s3.parse_s3_url(target)[1] if storage.is_s3(target) else target
+        if SHARDED_CHECKPOINT.fullmatch(found.rsplit("/", 1)[-1]):  # fsdp=True's: a folder of parts
+            raise UserError(f"{s3.format_url(bucket, found)} is a sharded checkpoint (fsdp=True), read only by "
+                            f"train.py's autoresume: pass the run's {EXPORT_NAME}, which train.py writes beside it")
         local = os.path.join(tmpdir, os.path.basename(found) or "checkpoint.pt")
         root.download(found, local)
     except UserError as e:

@@ -82,6 +82,45 @@ def s3_object_store(bucket: str, client: Any) -> Any:
     return store
 
 
+def shard_file_name_of_this_rank(rank: int) -> None:
+    """Make Composer name this rank's part of a sharded checkpoint `__{rank}_0.distcp`, the name
+    torch.distributed.checkpoint gives the file it writes.
+
+    Private: composer.utils.checkpoint computes _TORCH_DISTRIBUTED_CHECKPOINTS_FILENAME once, when it is imported,
+    from the RANK variable of that moment. A process that imported Composer before its rank was set (a warm start
+    forked from a server, a wrapper that imports train.py first) names every rank's part `__0_0.distcp`: the saver
+    of an s3:// run then finds no file of that name in its own folder on the other ranks and stops the run, or would
+    upload rank 0's name for another rank's part."""
+    from composer.utils import checkpoint
+
+    checkpoint._TORCH_DISTRIBUTED_CHECKPOINTS_FILENAME = f"__{rank}_0.distcp"
+
+
+@contextlib.contextmanager
+def sharded_autoresume_reads_through(bucket: str, store: Any) -> Iterator[None]:
+    """Inside, the Trainer reads a sharded checkpoint's `latest` pointer and parts in s3://bucket through `store`
+    (s3_object_store's: s3.py's client, retries and timeouts) instead of an S3ObjectStore of its own.
+
+    Private: for a sharded checkpoint (fsdp=True) on S3, Composer's Trainer builds its own store from the URL with
+    the module-level name maybe_create_object_store_from_uri, once for the pointer and once for the checkpoint,
+    and skips the saver's remote_backend that it uses for a whole checkpoint."""
+    from composer.trainer import trainer
+
+    from pilegpt import s3, storage
+
+    original = trainer.maybe_create_object_store_from_uri
+
+    def store_for(uri: str):
+        ours = isinstance(uri, str) and storage.is_s3(uri) and s3.parse_s3_url(uri)[0] == bucket
+        return store if ours else original(uri)
+
+    trainer.maybe_create_object_store_from_uri = store_for
+    try:
+        yield
+    finally:
+        trainer.maybe_create_object_store_from_uri = original
+
+
 def checkpoint_saver_local_root(saver: Any, prefix: str) -> str | None:
     """The temporary folder in which Composer's CheckpointSaver keeps its local copies for a remote save_folder
     (each checkpoint, the `latest` link, an autoresume download), or None when its folder is not one.

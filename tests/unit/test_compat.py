@@ -283,3 +283,32 @@ def test_the_private_torch_parts_composer_uses_are_still_in_this_torch():
     assert imported <= {module for module, _ in used}, imported  # one more in Composer's source: add it above
     for module, name in used:
         assert hasattr(importlib.import_module(module), name), f"{module}.{name}"
+
+
+def test_composer_names_a_ranks_part_of_a_sharded_checkpoint_by_the_rank_we_give(monkeypatch):
+    from composer.utils import checkpoint
+
+    monkeypatch.setattr(checkpoint, "_TORCH_DISTRIBUTED_CHECKPOINTS_FILENAME",
+                        checkpoint._TORCH_DISTRIBUTED_CHECKPOINTS_FILENAME)  # put back after the test
+    compat.shard_file_name_of_this_rank(3)
+    assert checkpoint._TORCH_DISTRIBUTED_CHECKPOINTS_FILENAME == "__3_0.distcp"
+    # the saver and get_save_filename read the module's name at each save (not a copy taken at import)
+    from composer.callbacks import checkpoint_saver
+
+    assert "checkpoint._TORCH_DISTRIBUTED_CHECKPOINTS_FILENAME" in inspect.getsource(checkpoint_saver)
+    assert "ckpt_filename = _TORCH_DISTRIBUTED_CHECKPOINTS_FILENAME" in inspect.getsource(checkpoint.get_save_filename)
+
+
+def test_the_trainers_sharded_autoresume_reads_a_bucket_through_the_store_we_give():
+    from composer.trainer import trainer
+
+    original, ours = trainer.maybe_create_object_store_from_uri, object()
+    with compat.sharded_autoresume_reads_through("b", ours):
+        for uri in ("s3://b", "s3://b/runs/x", "s3://b/runs/x/ep0-ba2"):
+            assert trainer.maybe_create_object_store_from_uri(uri) is ours
+        assert trainer.maybe_create_object_store_from_uri("runs/local") is None  # not ours: Composer's answer
+        assert trainer.maybe_create_object_store_from_uri("s3://bb/runs/x") is not ours
+    assert trainer.maybe_create_object_store_from_uri is original
+    source = inspect.getsource(trainer.Trainer.__init__)
+    assert "ar_object_store = maybe_create_object_store_from_uri(save_folder)" in source
+    assert "load_object_store = maybe_create_object_store_from_uri(load_path)" in source

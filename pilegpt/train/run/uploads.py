@@ -17,6 +17,7 @@ from typing import Optional
 from composer.loggers import LoggerDestination
 
 from pilegpt import compat
+from pilegpt.checkpoint import SHARDED_CHECKPOINT, SHARDED_COMPLETE
 from pilegpt.common import UserError
 from pilegpt.s3 import S3Dir, make_client
 
@@ -39,6 +40,10 @@ class S3Uploads(LoggerDestination):
       (`take_saver_copies`), so an s3:// run keeps no local copy of an uploaded checkpoint, and `shutdown()` removes
       that folder (with what autoresume downloaded into it) and the staging folder, also when the run fails;
     - the Trainer's autoresume lookup reads the bucket through the same client (`remote_backend`);
+    - a sharded checkpoint (fsdp=True: a folder of one part per rank and the .metadata that says where every tensor
+      lies) is complete in the bucket before any reader can take it for one: each rank uploads its own part, rank 0
+      holds the .metadata back until every rank's part is in the bucket (`check_remote_files_exist_async`, which
+      the saver awaits before the `latest` pointer), so the order is the parts, the .metadata, then the pointer;
     - the first failed upload fails the run at the next batch with one line (UserError naming the file, the cause
       and the fix); uploads queued after it are skipped, so the process exits within the retry budget;
     - `finish()` returns only when every upload is in the bucket: train.py calls it before it reports "done".
@@ -70,6 +75,8 @@ class S3Uploads(LoggerDestination):
         self._closed = False
         self._backend = None
         self._saver_root: Optional[str] = None  # the saver's temporary folder: its files are ours to move
+        self._held: dict[str, tuple[str, bool, Future]] = {}  # a sharded checkpoint's .metadata: until its parts are in
+        self._held_lock = threading.Lock()  # released by the check's thread or by wait()
 
     # -- the queue ------------------------------------------------------------------------------------------
     def upload_file_async(self, remote_file_name: str, file_path, overwrite: bool) -> Future:
@@ -83,12 +90,27 @@ class S3Uploads(LoggerDestination):
             shutil.move(file_path, staged)
         else:
             shutil.copy2(file_path, staged)  # the file as it is now: the saver rotates checkpoints, logs grow
-        future = self._pool.submit(self._upload, key, staged, overwrite)
+        if is_sharded_metadata(key):  # uploaded once every rank's part is in the bucket (release_held)
+            future = Future()
+            with self._held_lock:
+                self._held[key] = (staged, overwrite, future)
+        else:
+            future = self._pool.submit(self._upload, key, staged, overwrite)
         self._futures.append(future)
         self._by_key[key] = future
         for watcher in self._watchers:
             watcher.append(future)
         return future
+
+    def release_held(self, keys: Optional[list[str]] = None) -> None:
+        """Upload the held .metadata of these keys (default: every one held): called once the parts it describes
+        are in the bucket. Its future, handed out before, completes with the upload."""
+        with self._held_lock:
+            keys = list(self._held) if keys is None else [k for k in keys if k in self._held]
+            released = [(k, *self._held.pop(k)) for k in keys]
+        for key, staged, overwrite, future in released:
+            upload = self._pool.submit(self._upload, key, staged, overwrite)
+            upload.add_done_callback(lambda done, future=future: relay(done, future))
 
     def watch_uploads(self) -> list[Future]:
         """A list that receives every upload submitted from now on, until unwatch_uploads(it)."""
@@ -135,10 +157,16 @@ class S3Uploads(LoggerDestination):
         self._futures = [f for f in self._futures if not f.done()]
 
     def wait(self) -> None:
-        """Block until every upload handed over so far is in the bucket; raise the first failure."""
+        """Block until every upload handed over so far is in the bucket, a held .metadata last; raise the first
+        failure."""
         pending, self._futures = self._futures, []
+        held = {future for _, _, future in self._held.values()}
         for future in pending:
-            future.exception()  # waits
+            if future not in held:
+                future.exception()  # waits
+        self.release_held()
+        for future in held:
+            future.exception()
         if (error := self._first_error(pending)) is not None:
             raise error
 
@@ -158,6 +186,10 @@ class S3Uploads(LoggerDestination):
         local copies: the staging folder and the saver's temporary folder. Any number of times, also on failure.
         (Not `close`: that is Composer's Callback.close(state, logger), which the Trainer calls at its close.)"""
         self._closed = True
+        with self._held_lock:  # a run that stopped before the parts were in: that checkpoint stays incomplete
+            held, self._held = self._held, {}
+        for key, (_, _, future) in held.items():
+            relay_skipped(future, f"s3://{self.bucket}/{key}")
         self._pool.shutdown(wait=True)
         self._checks.shutdown(wait=True)
         shutil.rmtree(self._staging, ignore_errors=True)
@@ -207,14 +239,17 @@ class S3Uploads(LoggerDestination):
 
         def wait_for(names: list[str]) -> Status:
             deadline = time.time() + max_wait_time_in_seconds
-            for name in names:
-                key = name.lstrip("/")
+            keys = [name.lstrip("/") for name in names]
+            parts = [k for k in keys if k not in self._held]
+            for key in [*parts, *(k for k in keys if k in self._held)]:  # a .metadata once its parts are in
+                if key in self._held:
+                    self.release_held([key])
                 if (mine := self._by_key.get(key)) is not None:
                     if mine.exception() is not None:
                         return Status.ERROR
                     continue
                 while not self.dir.exists(key):
-                    if self._failed.is_set():
+                    if self._failed.is_set() or self._closed:  # (a run that stops waits for no other rank's part)
                         return Status.ERROR
                     if time.time() > deadline:
                         return Status.TIMEOUT
@@ -240,7 +275,32 @@ class UploadSkipped(UserError):
     """An upload not tried because an earlier one failed (that one's error is the one reported)."""
 
 
+def is_sharded_metadata(key: str) -> bool:
+    """Whether an object key is a sharded checkpoint's .metadata (…/ep0-ba3/.metadata)."""
+    *_, folder, name = ["", *key.split("/")]
+    return name == SHARDED_COMPLETE and SHARDED_CHECKPOINT.fullmatch(folder) is not None
+
+
+def relay(done: Future, future: Future) -> None:
+    """Complete `future` as `done` completed."""
+    if (error := done.exception()) is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(done.result())
+
+
+def relay_skipped(future: Future, url: str) -> None:
+    future.set_exception(UploadSkipped(f"{url} not uploaded: the run stopped before its checkpoint's parts were in"))
+
+
+@contextlib.contextmanager
 def checkpoint_uploads(uploads: S3Uploads):
     """Inside, Composer's CheckpointSaver (built by the Trainer for an s3:// save_folder) takes `uploads` as its
-    uploader instead of Composer's process-based RemoteUploader."""
-    return compat.checkpoint_saver_uploads_through(uploads)
+    uploader instead of Composer's process-based RemoteUploader, and the Trainer's autoresume reads a sharded
+    checkpoint in the bucket through the same client; this rank's part of a sharded checkpoint has its own name."""
+    from composer.utils import dist
+
+    compat.shard_file_name_of_this_rank(dist.get_global_rank())
+    with compat.checkpoint_saver_uploads_through(uploads), \
+            compat.sharded_autoresume_reads_through(uploads.bucket, uploads.remote_backend):
+        yield
