@@ -1,6 +1,7 @@
 """The docs stay true: every relative link and anchor resolves, every command README.md names exists, every test
-function the docs name exists, every repository path a docstring or comment names exists, and docs/layout.md's
-module table is the modules' own docstrings (docs/testing.md).
+function the docs name exists, every repository path a docstring or comment names exists, docs/layout.md's
+module table is the modules' own docstrings, and README.md stays a front door: at most 130 lines, at most 22 words
+a sentence on average (docs/testing.md).
 
 Reads files only: no subprocess, no network, no torch.
 
@@ -29,7 +30,8 @@ STEP_SOURCE, STEP_PAGE = REPO / "pilegpt" / "train" / "plain_loop.py", REPO / "d
 STEP_START, STEP_END = "# ---- one training step", "# ---- end of the step"  # the rulers in plain_loop.py
 TABLE_START = "<!-- module table:"
 TABLE_END = "<!-- end of module table -->"
-README_MAX_LINES = 260
+README_MAX_LINES = 130
+README_MAX_WORDS_PER_SENTENCE = 22  # nanoGPT's and nanochat's READMEs: ~20 (words_and_sentences)
 # Module groups of the table, in the pipeline's order; a folder not listed here gets its path as its title.
 GROUPS = {"": "the model", "pilegpt": "shared by the stages", "pilegpt/prepare": "prepare_data.py's parts",
           "pilegpt/mds": "to_mds.py's and upload_s3.py's parts", "pilegpt/train": "train.py's parts"}
@@ -60,6 +62,22 @@ def prose_lines(text: str) -> Iterator[tuple[int, str]]:
             fenced = not fenced
         elif not fenced:
             yield number, line
+
+
+def words_and_sentences(text: str) -> tuple[int, int]:
+    """(words, sentences) of the text's prose: outside fenced code, headings and tables, without list markers or
+    link targets. A word is a token with a letter or digit; a sentence is an end mark (. ! ?) before a space or the
+    line's end, "e.g." and "i.e." not counting, so a list item without one adds words and no sentence."""
+    kept = []
+    for _, line in prose_lines(text):
+        line = line.strip()
+        if line.startswith(("#", "|")):
+            continue
+        line = re.sub(r"^(?:[-*+]|\d+\.)\s+", "", line)
+        kept.append(re.sub(r"\]\([^)]*\)", "]", line))
+    prose = " ".join(kept)
+    words = sum(1 for token in prose.split() if re.search(r"\w", token))
+    return words, len(SENTENCE_END.findall(prose))
 
 
 def code_blocks(text: str) -> Iterator[tuple[str, list[str]]]:
@@ -370,6 +388,32 @@ def test_the_step_on_one_page_is_plain_loop_pys_own_lines():
 def test_readme_fits_on_a_few_screens():
     lines = len(README.read_text().splitlines())
     assert lines <= README_MAX_LINES, f"README.md has {lines} lines (at most {README_MAX_LINES}): move detail to docs/"
+
+
+def test_readmes_sentences_are_short():
+    words, sentences = words_and_sentences(README.read_text())
+    assert sentences and words / sentences <= README_MAX_WORDS_PER_SENTENCE, (
+        f"README.md: {words} words in {sentences} sentences, {words / max(sentences, 1):.1f} a sentence (at most "
+        f"{README_MAX_WORDS_PER_SENTENCE}): split the long ones")
+
+
+def test_words_and_sentences_counts_prose_only():
+    text = textwrap.dedent("""\
+        # A heading is not counted.
+
+        One two three, e.g. four. Five [six](docs/x.md#seven) seven!
+        - a list item without an end mark
+        1. Numbered, with one.
+
+        ```bash
+        make test   # code is not prose.
+        ```
+
+        | a table | is not prose. |
+        """)
+    # by hand: "One two three, e.g. four." 5, "Five six seven!" 3 (the link's text, not its target), the item 7
+    # and no end mark, "Numbered, with one." 3: 18 words; the ends are "four." "seven!" "one.", not "e.g."
+    assert words_and_sentences(text) == (18, 3)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
