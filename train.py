@@ -83,7 +83,7 @@ from pilegpt.train.data.loaders import (
 )
 from pilegpt.train.data.mix import component_name, shares_line
 from pilegpt.train.extensions import build_algorithms, build_callbacks
-from pilegpt.train.fsdp import fsdp_config, mean_gradients
+from pilegpt.train.fsdp import ShardedGradientClipping, fsdp_config, mean_gradients
 from pilegpt.train.metrics import BitsPerByte, CrossEntropyFromLoss, PerplexityFromLoss, token_bytes
 from pilegpt.train.optim.groups import build_optimizer
 from pilegpt.train.optim.muon import Muon
@@ -388,7 +388,10 @@ def build_optimization(cfg: TrainConfig, model: ComposerGPT, device: str, precis
         print(optimizer.split_line(), flush=True)  # on each rank: its share of the Newton-Schulz work
     # the gradients' global norm clipped to grad_clip after the backward pass, before the optimizer step
     # (Composer's GradientClipping runs at AFTER_TRAIN_BATCH); grad_clip=0 turns it off
-    clipping = [GradientClipping(clipping_type="norm", clipping_threshold=cfg.grad_clip)] if cfg.grad_clip else []
+    # (fsdp=True: ShardedGradientClipping, as Composer's clips FSDP1's modules alone)
+    clip = ShardedGradientClipping(cfg.grad_clip) if cfg.fsdp else GradientClipping(clipping_type="norm",
+                                                                                   clipping_threshold=cfg.grad_clip)
+    clipping = [clip] if cfg.grad_clip else []
     # linear warmup to learning_rate over `warmup`, then a cosine decay (or lr_schedule="wsd": the peak, then a linear
     # warmdown) to min_lr at max_duration. Composer runs it as a LambdaLR: one factor times each group's own initial
     # lr, so Muon's groups go from muon_lr to muon_lr * min_lr / learning_rate on the same curve (test_muon.py)

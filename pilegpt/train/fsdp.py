@@ -9,6 +9,7 @@ ignored in silence (the run is plain DDP), so train.py passes the config object.
 from __future__ import annotations
 
 import torch
+from composer.core import Algorithm, Event
 
 
 def fsdp_config(activation_checkpointing: bool = False):
@@ -42,3 +43,35 @@ def mean_gradients(model: torch.nn.Module) -> bool:
     for unit in units:
         unit.set_all_reduce_hook(lambda reduced: reduced.div_(world))
     return True
+
+
+
+def clip_gradients(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """torch.nn.utils.clip_grad_norm_ for FSDP2's sharded gradients: the global norm from every rank's shards (one
+    all-reduce of the sum of squares), every gradient times min(1, max_norm / (norm + 1e-6)) as torch does; returns
+    the norm before clipping. Composer's GradientClipping clips FSDP1's modules only: under FSDP2 it clips nothing."""
+    import torch.distributed as dist
+
+    from pilegpt.train.optim.split import local_shard
+
+    grads = [local_shard(p.grad) for p in params if p.grad is not None]
+    squares = torch.stack([g.float().square().sum() for g in grads]).sum() if grads else torch.zeros(())
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(squares)
+    norm = squares.sqrt()
+    if grads:
+        torch._foreach_mul_(grads, torch.clamp(max_norm / (norm + 1e-6), max=1.0).to(grads[0].dtype))
+    return norm
+
+
+class ShardedGradientClipping(Algorithm):
+    """grad_clip under fsdp=True: clip_gradients at AFTER_TRAIN_BATCH, where Composer's GradientClipping runs."""
+
+    def __init__(self, max_norm: float):
+        self.max_norm = max_norm
+
+    def match(self, event: Event, state) -> bool:
+        return event == Event.AFTER_TRAIN_BATCH
+
+    def apply(self, event: Event, state, logger) -> None:
+        clip_gradients(list(state.model.parameters()), self.max_norm)

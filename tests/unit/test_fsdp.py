@@ -50,15 +50,39 @@ print(dist.get_rank(), max((a - b).abs().max().item() for a, b in zip(whole, sha
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# Run by two processes: a GPT's gradients sharded by FSDP2 (the mean restored on gloo) clipped by fsdp.clip_gradients,
+# against the same gradients whole, clipped by the norm computed in float64.
+SHARDED_CLIP = """
+import torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from model import GPT, GPTConfig
+from pilegpt.train.fsdp import clip_gradients, mean_gradients
+dist.init_process_group("gloo"); rank = dist.get_rank(); mesh = init_device_mesh("cpu", (2,))
+config = GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=64)
+torch.manual_seed(0); whole = GPT(config); torch.manual_seed(0); sharded = GPT(config)
+g = torch.Generator().manual_seed(1)
+idx, targets = torch.randint(0, 50257, (8, 64), generator=g), torch.randint(0, 50257, (8, 64), generator=g)
+for block in sharded.transformer.h:
+    fully_shard(block, mesh=mesh)
+fully_shard(sharded, mesh=mesh)
+averaged = mean_gradients(sharded)
+whole(idx, targets)[1].backward()  # the global batch in one process: the mean of the two halves' gradients
+sharded(idx[rank * 4:rank * 4 + 4], targets[rank * 4:rank * 4 + 4])[1].backward()
+exact = torch.sqrt(sum(p.grad.double().square().sum() for p in whole.parameters()))
+norm = clip_gradients(list(sharded.parameters()), 0.5)
+for p in whole.parameters():
+    p.grad.mul_(float(0.5 / (exact + 1e-6)))
+pairs = zip(whole.parameters(), sharded.parameters())
+drift = max((p.grad - q.grad.full_tensor()).abs().max().item() for p, q in pairs)
+print(rank, averaged, abs(norm.item() - exact.item()) / exact.item(), drift)
+"""
 
 
-def test_muon_on_row_shards_equals_muon_on_whole_matrices(tmp_path):
-    script = tmp_path / "sharded_muon.py"
-    script.write_text(SHARDED_MUON)
+def two_processes(tmp_path, code: str) -> list[list[str]]:
+    """`code` run by 2 processes over gloo on loopback: each one's output lines that start with its rank."""
+    script = tmp_path / "two.py"
+    script.write_text(code)
     env = {**os.environ, "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
            "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}
     procs = [subprocess.Popen([sys.executable, script], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
@@ -67,6 +91,24 @@ def test_muon_on_row_shards_equals_muon_on_whole_matrices(tmp_path):
     assert [p.returncode for p in procs] == [0, 0], outs
     rows = [line.split() for out in outs for line in out.splitlines() if line[:2] in ("0 ", "1 ")]
     assert sorted(r[0] for r in rows) == ["0", "1"], outs
+    return rows
+
+
+def test_sharded_gradients_are_the_mean_and_clip_to_the_global_norm(tmp_path):
+    for _, averaged, norm_error, drift in two_processes(tmp_path, SHARDED_CLIP):
+        assert averaged == "True"  # torch 2.7's gloo summed: the hook was needed (a newer torch may average)
+        assert float(norm_error) < 1e-6  # the global norm over both ranks' shards (measured 3e-8; torch's fp32
+        assert float(drift) < 1e-7  # clip_grad_norm_ on the whole gradients is 1.3e-5 off the float64 norm here)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_muon_on_row_shards_equals_muon_on_whole_matrices(tmp_path):
+    rows = two_processes(tmp_path, SHARDED_MUON)
     for _, drift, _ in rows:  # float32 rounding of the same sums in another order (measured: 2.4e-7)
         assert float(drift) < 1e-5
     # each rank holds its rows of the momentum and of NorMuon's row moments: between them each value once, and no
@@ -154,3 +196,19 @@ def test_the_settings_refusals_are_one_line(args, said):
     with pytest.raises(UserError) as e:
         load_config([*DATA, *args])
     assert said in str(e.value) and "\n" not in str(e.value)
+
+
+def test_fsdp_clips_with_its_own_algorithm_and_ddp_with_composers():
+    """Composer's GradientClipping clips FSDP1's modules only (under FSDP2 it clips nothing): fsdp=True runs
+    ShardedGradientClipping at the same event."""
+    from composer.algorithms import GradientClipping
+    from composer.core import Event
+
+    import train
+    from pilegpt.train.fsdp import ShardedGradientClipping
+
+    for fsdp, kind in ((True, ShardedGradientClipping), (False, GradientClipping)):
+        cfg = load_config([*DATA, "--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=16", f"--fsdp={fsdp}"])
+        model = train.ComposerGPT(cfg.model_config(), module=cfg.initial_gpt())
+        clip = train.build_optimization(cfg, model, "cpu", "fp32").algorithms[0]
+        assert type(clip) is kind and clip.match(Event.AFTER_TRAIN_BATCH, None)
