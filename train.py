@@ -65,6 +65,7 @@ from pilegpt.launch import die_with_launcher
 from pilegpt.train.callbacks import (
     CoreEval,
     ExportModel,
+    GradNorm,
     HellaSwagEval,
     MetricsLog,
     SampleText,
@@ -393,9 +394,10 @@ def build_optimization(cfg: TrainConfig, model: ComposerGPT, device: str, precis
     # warmdown) to min_lr at max_duration. Composer runs it as a LambdaLR: one factor times each group's own initial
     # lr, so Muon's groups go from muon_lr to muon_lr * min_lr / learning_rate on the same curve (test_muon.py)
     scheduler = build_scheduler(cfg)
-    # Composer applies algorithms in list order at each event: the clipping first, then the user's
-    return Optimization(optimizer, scheduler, [*clipping, *build_algorithms(cfg, device, precision)],
-                        group_settings(optimizer))
+    # Composer applies algorithms in list order at each event, but in reverse at an after_* event: GradNorm last, so
+    # that at AFTER_TRAIN_BATCH it reads the gradients first, before any clipping (callbacks.py)
+    return Optimization(optimizer, scheduler, [*clipping, *build_algorithms(cfg, device, precision),
+                                               GradNorm(cfg.log_interval)], group_settings(optimizer))
 
 
 def build_loggers_and_callbacks(cfg: TrainConfig, model: ComposerGPT, folder: RunFolder, device: str,
