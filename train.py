@@ -94,7 +94,12 @@ from pilegpt.train.run import cluster
 from pilegpt.train.run import folder as run_folder
 from pilegpt.train.run.cluster import World
 from pilegpt.train.run.folder import RunFolder
-from pilegpt.train.run.lifecycle import LoggersAndCallbacks, fit_and_report, preempted_during_start_up
+from pilegpt.train.run.lifecycle import (
+    LoggersAndCallbacks,
+    fit_and_report,
+    preempted_during_start_up,
+    wandb_run_id,
+)
 from pilegpt.train.run.preemption import CheckpointClock, StopOnSignal
 from pilegpt.train.run.uploads import S3Uploads, checkpoint_uploads
 
@@ -413,7 +418,7 @@ def build_loggers_and_callbacks(cfg: TrainConfig, model: ComposerGPT, folder: Ru
     loggers = [*([uploads] if uploads is not None else []),
                FileLogger(filename=os.path.join(run_dir, "logs", f"{start}-rank{{rank}}.txt"),
                           remote_file_name=folder.remote_name(f"logs/{start}-rank{{rank}}.txt")),
-               metrics_log, *build_loggers(cfg)]
+               metrics_log, *build_loggers(cfg, wandb_id := wandb_run_id(cfg, folder))]
     # StopOnNonFinite comes before ExportModel: it checks the weights the export is about to write (and Composer
     # runs its CheckpointSaver after every callback)
     callbacks = [SpeedMonitor(window_size=cfg.speed_window), LRMonitor(), RuntimeEstimator(time_unit="seconds"),
@@ -437,7 +442,7 @@ def build_loggers_and_callbacks(cfg: TrainConfig, model: ComposerGPT, folder: Ru
     loggers += [c for c in extra if isinstance(c, LoggerDestination)]
     if not any(getattr(c, "dataloader_label", None) == "train" for c in callbacks):
         model.train_metrics = {}  # no stopper watches them: Composer would update, compute and log them every batch
-    return LoggersAndCallbacks(loggers, callbacks, metrics_log, preemption, uploads)
+    return LoggersAndCallbacks(loggers, callbacks, metrics_log, preemption, uploads, wandb_id)
 
 
 def divergence_causes(cfg: TrainConfig, presets: Optional[dict] = None) -> str:

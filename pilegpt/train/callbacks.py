@@ -16,7 +16,7 @@ from typing import Any, Optional
 import torch
 from composer.core import Algorithm, Callback, Event, State
 from composer.core.precision import get_precision_context
-from composer.loggers import Logger, LoggerDestination
+from composer.loggers import Logger, LoggerDestination, WandBLogger
 from composer.models import ComposerModel
 from composer.utils import create_interval_scheduler, dist, model_eval_mode
 
@@ -315,8 +315,10 @@ class GradNorm(Algorithm):
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         if event == Event.AFTER_TRAIN_BATCH:  # the gradients of the whole batch, unscaled, not yet clipped
             self.norm = global_grad_norm(state.model.parameters())
-        elif self.norm is not None and logged_batch(int(state.timestamp.batch), self.log_interval):
-            logger.log_metrics({"grad_norm": self.norm.item()})  # BATCH_END: the batch count has moved on
+        elif self.norm is not None and logged_batch(batch := int(state.timestamp.batch), self.log_interval):
+            # BATCH_END: the batch count has moved on; the trackers' step is the loss's (Composer logs a batch's
+            # loss before the count moves on)
+            logger.log_metrics({"grad_norm": self.norm.item()}, step=batch - 1)
 
 
 def ends_with_newline(path: str) -> bool:
@@ -407,13 +409,25 @@ def figure(value: Optional[float]) -> str:
     return "none" if value is None else f"{value:.4f}"
 
 
-def build_loggers(cfg) -> list:
-    """The optional experiment trackers a TrainConfig turns on."""
+class RunWandB(WandBLogger):
+    """Composer's WandBLogger without its checkpoint downloads. When save_folder holds no checkpoint (a run's first
+    start with autoresume=True, as config/pile*.py set it), Composer's autoresume asks every logger for one, and this
+    one asked W&B's API for an artifact: offline, or without an API key, the run failed at start. A run's checkpoints
+    are in its save_folder alone."""
+
+    def download_file(self, remote_file_name: str, destination: str, overwrite: bool = False,
+                      progress_bar: bool = True):
+        raise NotImplementedError("train.py keeps its checkpoints in save_folder, not in W&B")  # Composer goes on
+
+
+def build_loggers(cfg, wandb_id: Optional[str] = None) -> list:
+    """The optional experiment trackers a TrainConfig turns on; W&B's run is `wandb_id`, continued where it exists
+    (resume="allow": lifecycle.wandb_run_id keeps one per run folder)."""
     loggers = []
     try:
         if cfg.wandb_log:
-            from composer.loggers import WandBLogger
-            loggers.append(WandBLogger(project=cfg.wandb_project, name=cfg.run_name))
+            loggers.append(RunWandB(project=cfg.wandb_project, name=cfg.run_name,
+                                       init_kwargs={"id": wandb_id, "resume": "allow"} if wandb_id else None))
         if cfg.tensorboard_log:
             from composer.loggers import TensorboardLogger
             loggers.append(TensorboardLogger(log_dir=cfg.tensorboard_dir.format(run_name=cfg.run_name)))
