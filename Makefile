@@ -16,7 +16,7 @@ WORKERS ?= auto
 PYTEST = $(PYTHON) -m pytest -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 KEEP_TORCH = $(shell $(PYTHON) scripts/install_keep_torch.py --marked)
 
-.PHONY: install install-dev install-keep-torch test test-fast lint quickstart bench gpu-wheels
+.PHONY: install install-dev install-keep-torch install-loggers test test-fast lint quickstart bench gpu-wheels
 
 install:
 	$(if $(KEEP_TORCH),$(PYTHON) scripts/install_keep_torch.py,$(PIP) install -q -r requirements.txt)
@@ -26,6 +26,10 @@ install-dev:
 
 install-keep-torch:
 	$(PYTHON) scripts/install_keep_torch.py
+
+# the optional trackers (wandb_log, mlflow_log, tensorboard_log); tests/e2e/test_wandb.py skips without wandb
+install-loggers:
+	$(PIP) install -q -r requirements-loggers.txt
 
 test: install-dev
 	$(PYTEST) tests

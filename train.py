@@ -65,6 +65,7 @@ from pilegpt.launch import die_with_launcher
 from pilegpt.train.callbacks import (
     CoreEval,
     ExportModel,
+    GradNorm,
     HellaSwagEval,
     MetricsLog,
     SampleText,
@@ -93,7 +94,12 @@ from pilegpt.train.run import cluster
 from pilegpt.train.run import folder as run_folder
 from pilegpt.train.run.cluster import World
 from pilegpt.train.run.folder import RunFolder
-from pilegpt.train.run.lifecycle import LoggersAndCallbacks, fit_and_report, preempted_during_start_up
+from pilegpt.train.run.lifecycle import (
+    LoggersAndCallbacks,
+    fit_and_report,
+    preempted_during_start_up,
+    wandb_run_id,
+)
 from pilegpt.train.run.preemption import CheckpointClock, StopOnSignal
 from pilegpt.train.run.uploads import S3Uploads, checkpoint_uploads
 
@@ -396,9 +402,10 @@ def build_optimization(cfg: TrainConfig, model: ComposerGPT, device: str, precis
     # warmdown) to min_lr at max_duration. Composer runs it as a LambdaLR: one factor times each group's own initial
     # lr, so Muon's groups go from muon_lr to muon_lr * min_lr / learning_rate on the same curve (test_muon.py)
     scheduler = build_scheduler(cfg)
-    # Composer applies algorithms in list order at each event: the clipping first, then the user's
-    return Optimization(optimizer, scheduler, [*clipping, *build_algorithms(cfg, device, precision)],
-                        group_settings(optimizer))
+    # Composer applies algorithms in list order at each event, but in reverse at an after_* event: GradNorm last, so
+    # that at AFTER_TRAIN_BATCH it reads the gradients first, before any clipping (callbacks.py)
+    return Optimization(optimizer, scheduler, [*clipping, *build_algorithms(cfg, device, precision),
+                                               GradNorm(cfg.log_interval)], group_settings(optimizer))
 
 
 def build_loggers_and_callbacks(cfg: TrainConfig, model: ComposerGPT, folder: RunFolder, device: str,
@@ -414,7 +421,7 @@ def build_loggers_and_callbacks(cfg: TrainConfig, model: ComposerGPT, folder: Ru
     loggers = [*([uploads] if uploads is not None else []),
                FileLogger(filename=os.path.join(run_dir, "logs", f"{start}-rank{{rank}}.txt"),
                           remote_file_name=folder.remote_name(f"logs/{start}-rank{{rank}}.txt")),
-               metrics_log, *build_loggers(cfg)]
+               metrics_log, *build_loggers(cfg, wandb_id := wandb_run_id(cfg, folder))]
     # StopOnNonFinite comes before ExportModel: it checks the weights the export is about to write (and Composer
     # runs its CheckpointSaver after every callback)
     callbacks = [SpeedMonitor(window_size=cfg.speed_window), LRMonitor(), RuntimeEstimator(time_unit="seconds"),
@@ -438,7 +445,7 @@ def build_loggers_and_callbacks(cfg: TrainConfig, model: ComposerGPT, folder: Ru
     loggers += [c for c in extra if isinstance(c, LoggerDestination)]
     if not any(getattr(c, "dataloader_label", None) == "train" for c in callbacks):
         model.train_metrics = {}  # no stopper watches them: Composer would update, compute and log them every batch
-    return LoggersAndCallbacks(loggers, callbacks, metrics_log, preemption, uploads)
+    return LoggersAndCallbacks(loggers, callbacks, metrics_log, preemption, uploads, wandb_id)
 
 
 def divergence_causes(cfg: TrainConfig, presets: Optional[dict] = None) -> str:

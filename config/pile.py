@@ -17,6 +17,9 @@ bias = True
 _remote = os.environ.get("DATA_REMOTE", "s3://my-bucket/pile/mds")  # "a,b,c": several roots read as streams
 data_remote = [r.strip() for r in _remote.split(",")] if "," in _remote else _remote
 data_local = os.environ.get("DATA_LOCAL", "/tmp/pile-gpt/mds_cache")  # shard cache on local disk
+# The Pile's ~370 GB of MDS does not fit beside the checkpoints on many nodes' local disks: each split keeps at most
+# 100 GB of shards, the least recently used evicted (docs/training.md#an-mds-cache-budget); None keeps them all
+data_cache_limit = "100gb"
 num_workers = 8
 
 # ~0.5M tokens per optimizer step: 480 sequences x 1024 tokens = 491,520 (GPT-3 paper's batch for 125M).

@@ -1,7 +1,8 @@
 """What runs beside the training loop: train.py's Composer callbacks and loggers (docs/training.md).
 
-SampleText, ExportModel (model.pt), HellaSwagEval, CoreEval, StopOnNonFinite, MetricsLog (metrics.jsonl, the step
-log) and build_loggers (W&B, TensorBoard, MLflow). Composer's own, by name, and the user's are extensions.py's.
+SampleText, ExportModel (model.pt), HellaSwagEval, CoreEval, StopOnNonFinite, GradNorm (the gradient norm, an
+algorithm), MetricsLog (metrics.jsonl, the step log) and build_loggers (W&B, TensorBoard, MLflow). Composer's own, by
+name, and the user's are extensions.py's.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ import time
 from typing import Any, Optional
 
 import torch
-from composer.core import Callback, Event, State
+from composer.core import Algorithm, Callback, Event, State
 from composer.core.precision import get_precision_context
-from composer.loggers import Logger, LoggerDestination
+from composer.loggers import Logger, LoggerDestination, WandBLogger
 from composer.models import ComposerModel
 from composer.utils import create_interval_scheduler, dist, model_eval_mode
 
@@ -23,7 +24,7 @@ from model import GPT, sample_next
 from pilegpt import compat, model_contract
 from pilegpt.checkpoint import EXPORT_NAME, save_export
 from pilegpt.common import UserError
-from pilegpt.train.optim.split import local_shard
+from pilegpt.train.optim.split import is_sharded, local_shard
 
 
 def composer_model(state: State) -> ComposerModel:
@@ -270,6 +271,56 @@ class StopOnNonFinite(Callback):
                         "with --autoresume=True")
 
 
+def logged_batch(batch: int, log_interval: int) -> bool:
+    """Whether the step line (and metrics.jsonl's grad_norm) is written at this batch: the first, then every
+    log_interval-th."""
+    return batch % log_interval == 0 or batch == 1
+
+
+def global_grad_norm(parameters) -> torch.Tensor:
+    """The L2 norm of all the gradients of `parameters`, as one device tensor (no host sync): what
+    torch.nn.utils.clip_grad_norm_ returns. FSDP's gradients are DTensors, each rank holding a block of rows: their
+    ranks' sums of squares are all-reduced (every rank calls this together); plain gradients (DDP's are already
+    the same on every rank) count once."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    sharded = [t for g in grads if is_sharded(g) and (t := local_shard(g)).numel()]
+    whole = [g for g in grads if not is_sharded(g) and g.numel()]
+    device = grads[0].device if grads else torch.device("cpu")
+    squares = [torch.nn.utils.get_total_norm(ts, 2.0).float() ** 2 if ts else torch.zeros((), device=device)
+               for ts in (sharded, whole)]
+    if any(is_sharded(g) for g in grads):
+        squares[0] = squares[0].reshape(1)
+        dist.all_reduce(squares[0], reduce_operation="SUM")  # every rank's rows of every matrix
+        squares[0] = squares[0].reshape(())
+    return (squares[0] + squares[1]).sqrt()
+
+
+class GradNorm(Algorithm):
+    """The gradients' global norm before clipping, after every microbatch of the batch (and, on N processes, every
+    rank's part) is in: logged as grad_norm (metrics.jsonl, the step line, the trackers) at every batch the step line
+    is written at.
+
+    It is an algorithm, not a callback, because it must see the gradients before GradientClipping (an algorithm at
+    AFTER_TRAIN_BATCH, where callbacks run after every algorithm) or a user's algorithm changes them: Composer runs
+    the algorithms of an after_* event in the reverse of their list order (composer.core.passes.set_filo_order), so
+    train.py lists it last. The norm stays a device tensor each batch; .item() reads it at a logged batch only."""
+
+    def __init__(self, log_interval: int):
+        self.log_interval = log_interval
+        self.norm: Optional[torch.Tensor] = None  # this batch's, on the device
+
+    def match(self, event: Event, state: State) -> bool:
+        return event in (Event.AFTER_TRAIN_BATCH, Event.BATCH_END)
+
+    def apply(self, event: Event, state: State, logger: Logger) -> None:
+        if event == Event.AFTER_TRAIN_BATCH:  # the gradients of the whole batch, unscaled, not yet clipped
+            self.norm = global_grad_norm(state.model.parameters())
+        elif self.norm is not None and logged_batch(batch := int(state.timestamp.batch), self.log_interval):
+            # BATCH_END: the batch count has moved on; the trackers' step is the loss's (Composer logs a batch's
+            # loss before the count moves on)
+            logger.log_metrics({"grad_norm": self.norm.item()}, step=batch - 1)
+
+
 def ends_with_newline(path: str) -> bool:
     """Whether the non-empty file `path` ends with a newline."""
     with open(path, "rb") as f:
@@ -285,6 +336,7 @@ class MetricsLog(LoggerDestination):
             "throughput/device/mfu": "mfu",
             # lr: learning_rate's curve, AdamW's first group (muon_groups puts Muon's matrices first, AdamW's next)
             "lr-AdamW/group0": "lr", "lr-Muon/group1": "lr", "lr-Muon/group0": "muon_lr",
+            "grad_norm": "grad_norm",  # GradNorm: the gradients' global norm before clipping
             "time/remaining_estimate": "eta_s",  # RuntimeEstimator(time_unit="seconds")
             "memory/peak_allocated_mem": "peak_mem_gb",  # MemoryMonitor (GPU only), in GB
             "hellaswag/acc": "hellaswag_acc", "hellaswag/acc_norm": "hellaswag_acc_norm",  # HellaSwagEval
@@ -334,11 +386,12 @@ class MetricsLog(LoggerDestination):
                       "torch.compile's first graphs included (--compile=False trains eager)", flush=True)
             self.first_write = False
             f.write(json.dumps(row).encode() + b"\n")
-        if self.print_steps and (batch % self.log_interval == 0 or batch == 1) and "loss" in row:
+        if self.print_steps and logged_batch(batch, self.log_interval) and "loss" in row:
             tps = f"{row['tokens_per_sec'] / 1000:.1f}k tok/s" if "tokens_per_sec" in row else "- tok/s"
             mfu = f" | mfu {100 * row['mfu']:.1f}%" if "mfu" in row else ""
             eta = f" | eta {int(row['eta_s']) // 3600}h{int(row['eta_s']) % 3600 // 60:02d}m" if "eta_s" in row else ""
-            print(f"step {batch}/{total} | loss {row['loss']:.4f} | lr {row.get('lr', 0):.2e} | {tps}{mfu}{eta}",
+            norm = f" | grad norm {row['grad_norm']:.4f}" if "grad_norm" in row else ""
+            print(f"step {batch}/{total} | loss {row['loss']:.4f}{norm} | lr {row.get('lr', 0):.2e} | {tps}{mfu}{eta}",
                   flush=True)
         evals = [(k[:-len("_loss")], v) for k, v in row.items() if k.endswith("_loss")]
         if evals or "hellaswag_acc" in row or "core" in row:
@@ -356,13 +409,25 @@ def figure(value: Optional[float]) -> str:
     return "none" if value is None else f"{value:.4f}"
 
 
-def build_loggers(cfg) -> list:
-    """The optional experiment trackers a TrainConfig turns on."""
+class RunWandB(WandBLogger):
+    """Composer's WandBLogger without its checkpoint downloads. When save_folder holds no checkpoint (a run's first
+    start with autoresume=True, as config/pile*.py set it), Composer's autoresume asks every logger for one, and this
+    one asked W&B's API for an artifact: offline, or without an API key, the run failed at start. A run's checkpoints
+    are in its save_folder alone."""
+
+    def download_file(self, remote_file_name: str, destination: str, overwrite: bool = False,
+                      progress_bar: bool = True):
+        raise NotImplementedError("train.py keeps its checkpoints in save_folder, not in W&B")  # Composer goes on
+
+
+def build_loggers(cfg, wandb_id: Optional[str] = None) -> list:
+    """The optional experiment trackers a TrainConfig turns on; W&B's run is `wandb_id`, continued where it exists
+    (resume="allow": lifecycle.wandb_run_id keeps one per run folder)."""
     loggers = []
     try:
         if cfg.wandb_log:
-            from composer.loggers import WandBLogger
-            loggers.append(WandBLogger(project=cfg.wandb_project, name=cfg.run_name))
+            loggers.append(RunWandB(project=cfg.wandb_project, name=cfg.run_name,
+                                       init_kwargs={"id": wandb_id, "resume": "allow"} if wandb_id else None))
         if cfg.tensorboard_log:
             from composer.loggers import TensorboardLogger
             loggers.append(TensorboardLogger(log_dir=cfg.tensorboard_dir.format(run_name=cfg.run_name)))

@@ -50,7 +50,8 @@ ON_RESUME = {
     **dict.fromkeys(("data_dir", "data_remote", "data_mix", "data_format"),
                     (DATA, "the data's content and its rows, not where it lies (a moved copy resumes)")),
     "num_canonical_nodes": (DATA, "data.json's fixes the MDS sample order: another is refused, None takes it"),
-    **dict.fromkeys(("data_local", "num_workers"), (USED, "where and how the same samples are read")),
+    **dict.fromkeys(("data_local", "data_cache_limit", "num_workers"),
+                    (USED, "where and how the same samples are read")),
     **dict.fromkeys(("global_batch_size", "device_train_microbatch_size", "device_eval_batch_size"),
                     (USED, "the resume goes on at the sample the run reached")),
     **dict.fromkeys(("learning_rate", "muon_lr", "lr_base_width", "weight_decay", "beta1", "beta2", *MUON_OPTIONS),
@@ -109,6 +110,7 @@ class TrainConfig:
     data_remote: Union[str, list[str], None] = None  # MDS root with train/ (+ val/), local or s3://; a list: streams
     data_mix: dict = field(default_factory=dict)  # instead of data_dir: {ROOT: {"repeat": 2.0}, ...} mixed by weight
     data_local: str = "data/mds_cache"  # local cache of remote MDS shards (one subfolder per root and split)
+    data_cache_limit: Union[int, str, None] = None  # most bytes each MDS split keeps cached ("50gb"); None: all
     data_format: str = "auto"  # "auto" (look inside data_dir), "bin" or "mds"
     num_workers: int = 0  # DataLoader worker processes per rank (0 = load in the training process)
     num_canonical_nodes: Optional[int] = None  # MDS sample order (Streaming's); None = the run's first node count
@@ -270,6 +272,11 @@ class TrainConfig:
             errors.append("data_remote is an empty list")
         if self.num_workers < 0:
             errors.append(f"num_workers must be >= 0, got {self.num_workers}")
+        try:
+            from pilegpt.train.data.cache_budget import limit_bytes
+            limit_bytes(self.data_cache_limit)
+        except ValueError as e:
+            errors.append(str(e))
         return errors
 
     def _check_batches(self) -> list[str]:

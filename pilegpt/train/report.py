@@ -37,6 +37,7 @@ class Metrics:
     def __init__(self) -> None:
         self._train = (array("q"), array("d"))  # (batch, train loss) of every row, in file order: 16 bytes a row
         self._val = (array("q"), array("d"))  # (batch, val loss)
+        self._grad = (array("q"), array("d"))  # (batch, gradient norm before clipping) of the logged batches
         self._sets: dict[str, tuple[array, array]] = {}  # every other eval set: (batch, its loss)
         self.tail: dict[int, dict] = {}  # the rows of the last logged batches (speed, MFU, the final loss)
         self.evals: dict[str, dict[str, tuple[float, int]]] = {}  # eval set -> {"loss"|"bpb": (value, batch)}
@@ -55,7 +56,7 @@ class Metrics:
             self.skipped += 1
             return
         batch = row["batch"]
-        for key, (batches, values) in (("loss", self._train), ("val_loss", self._val)):
+        for key, (batches, values) in (("loss", self._train), ("val_loss", self._val), ("grad_norm", self._grad)):
             if key in row:
                 batches.append(batch)
                 values.append(row[key])
@@ -84,6 +85,11 @@ class Metrics:
         """(batches, val losses) in batch order, the last row of each batch."""
         return last_per_batch(*self._val)
 
+    @property
+    def grad_norm(self) -> tuple[np.ndarray, np.ndarray]:
+        """(batches, gradient norms before clipping) in batch order: the batches the step line was written at."""
+        return last_per_batch(*self._grad)
+
     def eval_sets(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """Every eval set but val (eval_data's, a mix's components): (batches, losses) in batch order."""
         return {label: last_per_batch(*series) for label, series in self._sets.items()}
@@ -106,7 +112,7 @@ def is_row(row) -> bool:
     number = (int, float)
     return (isinstance(row, dict) and isinstance(row.get("batch"), int) and not isinstance(row["batch"], bool)
             and all(isinstance(v, number) and not isinstance(v, bool) for k, v in row.items()
-                    if k in ("loss", "tokens", "time_s", "tokens_per_sec", "mfu", "hellaswag_acc",
+                    if k in ("loss", "tokens", "time_s", "tokens_per_sec", "mfu", "grad_norm", "hellaswag_acc",
                              "hellaswag_acc_norm", "core") or k.endswith("_loss")
                     or (k.endswith("_bpb") and v is not None)))  # a bpb of no bytes is null: no figure
 
@@ -245,6 +251,7 @@ def training_lines(metrics: Metrics) -> list[str]:
                   f"- MFU: {100 * statistics.median(mfu):.1f}%" if mfu else "- MFU: not logged (CPU, or no FLOP count)",
                   f"- train loss: {statistics.fmean(losses):.4f} (mean of the last {len(losses)} batches)"
                   if losses else "- train loss: not logged"]
+    lines += grad_norm_lines(metrics)
     if metrics.skipped:
         lines.append(f"- {metrics.skipped:,} unreadable line(s) of the metrics skipped (cut by a kill, or not a "
                      "metrics row)")
@@ -256,6 +263,19 @@ def training_lines(metrics: Metrics) -> list[str]:
             bpb = "none (no bytes)" if bpb is None else f"{bpb:.4f}"
             lines.append(f"| {label} | {loss:.4f} | {bpb} | {batch} |")
     return lines
+
+
+def grad_norm_lines(metrics: Metrics) -> list[str]:
+    """The gradient norm before clipping (metrics.jsonl's grad_norm, at the logged batches): its last value and its
+    largest, with their batches; nothing for a run that logged none (from before grad_norm)."""
+    batches, norms = metrics.grad_norm
+    if not len(norms):
+        return []
+    finite = np.isfinite(norms)
+    top = int(np.argmax(norms)) if finite.all() else int(np.flatnonzero(~finite)[0])
+    worst = "the largest" if finite.all() else "first NaN or infinite:"
+    return [f"- gradient norm before clipping: {norms[-1]:.4f} at batch {batches[-1]:,}, {worst} {norms[top]:.4f} "
+            f"at batch {batches[top]:,} (of {len(norms):,} logged batches)"]
 
 
 def mix_lines(shares) -> list[str]:
@@ -381,18 +401,31 @@ def plot(metrics: Metrics, out: Path, title: str) -> str:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
-    train, val, sets = metrics.train, metrics.val, metrics.eval_sets()
+    train, val, sets, (grad_xs, grad_ys) = metrics.train, metrics.val, metrics.eval_sets(), metrics.grad_norm
     (xs, ys), (val_xs, val_ys) = train, val
     smooth = moving_average(ys.tolist(), WINDOW)
-    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+    if len(grad_xs):  # the gradient norm in a panel below, on the same batches
+        fig, (ax, grad_ax) = plt.subplots(2, 1, figsize=(8, 6.5), dpi=100, sharex=True,
+                                          gridspec_kw={"height_ratios": [3, 1]})
+        grad_ax.plot(grad_xs, grad_ys, ".-", color="tab:green", linewidth=1.0, markersize=3)
+        grad_ax.set_yscale("log")  # a spike stands out over a norm that falls by orders of magnitude
+        for set_formatter in (grad_ax.yaxis.set_major_formatter, grad_ax.yaxis.set_minor_formatter):
+            set_formatter(matplotlib.ticker.LogFormatter(minor_thresholds=(1, 0.4)))  # 1.45, not 1.45 x 10^0
+        grad_ax.set_ylabel("grad norm (before clipping)")
+        grad_ax.set_xlabel("batch")
+        grad_ax.grid(alpha=0.3)
+    else:
+        fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
     ax.plot(xs, ys, color="tab:blue", alpha=0.25, linewidth=0.8, label="train loss")
     ax.plot(xs, smooth, color="tab:blue", linewidth=1.8, label=f"train loss ({WINDOW}-batch mean)")
     if len(val_xs):
         ax.plot(val_xs, val_ys, "o-", color="tab:orange", label="val loss")
     for label, (set_xs, set_ys) in sorted(sets.items()):  # eval_data's sets, a mix's components
         ax.plot(set_xs, set_ys, ".--", linewidth=1.0, label=f"{label} loss")
-    ax.set_xlabel("batch")
+    if not len(grad_xs):
+        ax.set_xlabel("batch")
     ax.set_ylabel("cross-entropy (nats/token)")
     ax.set_title(title)
     ax.grid(alpha=0.3)
@@ -403,4 +436,6 @@ def plot(metrics: Metrics, out: Path, title: str) -> str:
     plt.close(fig)
     return (f"plot_loss: {len(xs)} batch{'es' if len(xs) != 1 else ''}, {first_to_last(ys.tolist())}"
             + (f", last val loss {val_ys[-1]:.3f}" if len(val_xs) else "")
-            + (f", {len(sets)} more eval set(s)" if sets else "") + f" -> {out}")
+            + (f", {len(sets)} more eval set(s)" if sets else "")
+            + (f", grad norm at {len(grad_xs)} batch{'es' if len(grad_xs) != 1 else ''}" if len(grad_xs) else "")
+            + f" -> {out}")

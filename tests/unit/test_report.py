@@ -105,3 +105,33 @@ def test_a_run_no_longer_than_the_loss_window_compares_its_first_and_last_batch_
                 f"{window} batches)") in printed
     printed, _ = run_of([9.5])
     assert "plot_loss: 1 batch, train loss 9.500 -> 9.500 (first and last batch)" in printed
+
+
+def test_the_gradient_norm_is_reported_and_plotted_below_the_loss(tmp_path):
+    from pilegpt.train.report import Metrics, plot, training_lines
+
+    metrics = Metrics()
+    rows = [{"batch": 1, "loss": 10.0, "grad_norm": 2.0}, {"batch": 2, "loss": 9.0, "grad_norm": 5.0},
+            {"batch": 3, "loss": 8.5}, {"batch": 2, "loss": 9.0, "grad_norm": 3.0},  # resumed: the later row wins
+            {"batch": 3, "loss": 8.0}, {"batch": 4, "loss": 7.0, "grad_norm": 1.0}, {"batch": 5, "grad_norm": "high"}]
+    for row in rows:
+        metrics.add_line(json.dumps(row))
+    assert metrics.skipped == 1 and metrics.grad_norm[0].tolist() == [1, 2, 4]
+    assert ("- gradient norm before clipping: 1.0000 at batch 4, the largest 3.0000 at batch 2 (of 3 logged "
+            "batches)") in training_lines(metrics)
+    assert ", grad norm at 3 batches -> " in plot(metrics, tmp_path / "loss.png", "g")
+    assert (tmp_path / "loss.png").read_bytes()[:4] == b"\x89PNG"
+    metrics.add_line('{"batch": 6, "loss": 9.0, "grad_norm": NaN}')  # json.dumps writes a NaN so
+    metrics.add_line('{"batch": 8, "loss": 9.0, "grad_norm": 4.5}')
+    assert ("- gradient norm before clipping: 4.5000 at batch 8, first NaN or infinite: nan at batch 6 (of 5 logged "
+            "batches)") in training_lines(metrics)
+    plot(metrics, tmp_path / "loss.png", "g")  # a NaN is a gap in the log-scaled panel, not an error
+
+
+def test_a_run_without_a_gradient_norm_reports_none_and_plots_the_loss_alone(tmp_path):
+    from pilegpt.train.report import Metrics, plot, training_lines
+
+    metrics = Metrics()
+    metrics.add_line(json.dumps({"batch": 1, "loss": 10.0}))
+    assert not any("gradient norm" in line for line in training_lines(metrics))
+    assert "grad norm" not in plot(metrics, tmp_path / "loss.png", "g")

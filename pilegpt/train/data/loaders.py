@@ -172,12 +172,15 @@ def mds_split(cfg, split: str, batch_size: int, shuffle: bool, weighted: bool = 
     data_mix weight goes to its Stream (proportion=, repeat= or choose=); role: a named eval set's (mds_cache_dir)."""
     from streaming import Stream
 
+    from pilegpt.train.data.cache_budget import cache_limit_for, limit_bytes
     from pilegpt.train.data.mds_reader import CheckedStreamingDataset
 
     indexes = split_indexes(cfg, split)
     if indexes is None:
         return None
     roots = mds_roots(cfg)
+    loaders = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) * max(1, cfg.num_workers)  # the node's, sharing its cache
+    limit = cache_limit_for(limit_bytes(cfg.data_cache_limit), indexes, loaders, f"{split}/ of {', '.join(roots)}")
     streams = []
     for root, index in zip(roots, indexes):
         made = read_split_file(root, split, TO_MDS_META)
@@ -195,7 +198,8 @@ def mds_split(cfg, split: str, batch_size: int, shuffle: bool, weighted: bool = 
             if any_rank(leader and compat.caches_read_elsewhere([s.local for s in streams])):
                 raise shared_cache_error(cfg, split, roots)  # another run reads it (Streaming's check misses one)
             return CheckedStreamingDataset(streams=streams, batch_size=batch_size, shuffle=shuffle,
-                                           shuffle_seed=cfg.seed, num_canonical_nodes=cfg.num_canonical_nodes)
+                                           shuffle_seed=cfg.seed, num_canonical_nodes=cfg.num_canonical_nodes,
+                                           cache_limit=limit)
     except (FileNotFoundError, ValueError) as e:
         if str(e).startswith("Reused local directory") and " vs " in str(e):  # a live dataset of another process
             raise shared_cache_error(cfg, split, roots) from None

@@ -1,6 +1,7 @@
-"""The run around trainer.fit(): config.json and the trackers before it, the fit itself (a lost connection, node or
-disk is one line), and after it report.md, the uploads and the summary line; a preemption at any point said as one.
-train.py calls `fit_and_report` once the Trainer is built, and wraps its start-up in `preempted_during_start_up`."""
+"""The run around trainer.fit(): config.json and the trackers before it (the W&B run an autoresume continues), the fit
+itself (a lost connection, node or disk is one line), and after it report.md, the uploads and the summary line; a
+preemption at any point said as one. train.py calls `fit_and_report` once the Trainer is built, and wraps its
+start-up in `preempted_during_start_up`."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import json
 import math
 import os
 import platform
+import re
+import secrets
 import subprocess
 import time
 from typing import NamedTuple, Optional
@@ -40,6 +43,37 @@ class LoggersAndCallbacks(NamedTuple):
     metrics_log: MetricsLog  # last_eval: the validation figures of the summary line
     preemption: StopOnSignal  # stopped_at: whether SIGTERM ended the run
     uploads: Optional[S3Uploads]  # an s3:// run's uploader (one of the loggers too), else None
+    wandb_id: Optional[str] = None  # the run's W&B run (wandb_run_id), recorded in config.json
+
+
+WANDB_ID = "wandb_id"  # config.json's record of the W&B run the run logs to
+W_AND_B_ID = re.compile(r"[a-z0-9_-]{1,64}")  # W&B's run ids: no / \ # ? % : and at most 64 characters
+
+
+def kept_wandb_id(run_dir: str) -> Optional[str]:
+    """The W&B run id the run's config.json keeps, or None (no config.json, or a run that never logged to W&B); a
+    damaged one is one line."""
+    path = os.path.join(run_dir, CONFIG_JSON)
+    try:
+        with open(path) as f:
+            kept = json.load(f).get(WANDB_ID)
+    except (OSError, ValueError, AttributeError):
+        return None  # check_same_model refuses a damaged config.json before any resume
+    if kept is not None and not (isinstance(kept, str) and W_AND_B_ID.fullmatch(kept)):
+        raise UserError(f"{path}: {WANDB_ID}={str(kept)[:80]!r} is not a W&B run id (a-z, 0-9, - and _, at most 64): "
+                        f"restore config.json, or delete its {WANDB_ID} to log the resumed run as a new W&B run")
+    return kept
+
+
+def wandb_run_id(cfg: TrainConfig, folder: RunFolder) -> Optional[str]:
+    """The W&B run this run logs to: the one config.json keeps when autoresume continues a checkpoint (so a resumed
+    run goes on in the same W&B run), else a new id; a run without wandb_log keeps the id it has for a later resume
+    that turns W&B back on. A run that starts over (no checkpoint yet, save_overwrite) is a new W&B run: its batches
+    start again from 1, where a W&B run takes only steps above its last."""
+    kept = kept_wandb_id(folder.run_dir) if folder.resuming else None
+    if not cfg.wandb_log:
+        return kept
+    return kept or secrets.token_hex(4)
 
 
 @contextlib.contextmanager
@@ -59,7 +93,7 @@ def fit_and_report(trainer: Trainer, out: LoggersAndCallbacks, cfg: TrainConfig,
                    device: str, precision: str) -> int:
     """Record the run (config.json), train to max_duration, write the report and the summary; the exit status."""
     try:
-        write_run_info(trainer, cfg, folder, world, device, precision)
+        write_run_info(trainer, cfg, folder, world, device, precision, out.wandb_id)
         state = trainer.state
         if state.timestamp.get(state.max_duration.unit) >= state.max_duration:
             if world.rank == 0:
@@ -109,9 +143,9 @@ def run_info(cfg: TrainConfig, world_size: int, device: str, precision: str, dat
 
 
 def write_run_info(trainer: Trainer, cfg: TrainConfig, folder: RunFolder, world: World, device: str,
-                   precision: str) -> None:
-    """data.json and config.json beside the checkpoints (rank 0), and every setting to the trackers (W&B, MLflow,
-    TensorBoard)."""
+                   precision: str, wandb_id: Optional[str] = None) -> None:
+    """data.json and config.json (with the W&B run's id) beside the checkpoints (rank 0), and every setting to the
+    trackers (W&B, MLflow, TensorBoard)."""
     if world.rank == 0:
         folder.made.started()  # the run's folders stay from here on, whatever happens
         data_record.write(folder.data, folder.save_folder)  # what it trains on (compared when it resumes)
@@ -121,6 +155,8 @@ def write_run_info(trainer: Trainer, cfg: TrainConfig, folder: RunFolder, world:
         earlier = [v for v in torch_history(folder.run_dir) if v != info["torch"]] if folder.resuming else []
         if earlier:  # a run resumed on another torch keeps the record of the ones it trained on before
             info["torch_earlier"] = list(dict.fromkeys(earlier))
+        if wandb_id is not None:
+            info[WANDB_ID] = wandb_id
         atomic_write_text(path, mask_secrets(json.dumps(info, indent=2)) + "\n")
         if folder.remote:
             trainer.logger.upload_file(folder.remote_name(CONFIG_JSON), path, overwrite=True)
