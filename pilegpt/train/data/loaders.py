@@ -17,7 +17,6 @@ from typing import Optional
 
 import numpy as np
 
-from pilegpt.removed import removed_setting_error
 from pilegpt import compat, storage
 from pilegpt.common import UserError, check_writable_folder
 from pilegpt.data import (
@@ -31,6 +30,7 @@ from pilegpt.data import (
     nanogpt_meta,
     validation_hash,
 )
+from pilegpt.removed import removed_setting_error
 from pilegpt.train.data.bin_reader import BinDataset, MixedBins, MixedOrder, permute, resumable_sampler
 from pilegpt.train.data.mix import check_epoch, component_name, realised_shares, sample_counts
 
