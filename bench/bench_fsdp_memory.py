@@ -41,6 +41,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from bench_train import make_shakespeare_bin  # noqa: E402
+
 from pilegpt.common import UserError, run_main  # noqa: E402
 
 MIB = 2**20
@@ -62,6 +63,15 @@ def n_params(vocab: int, block: int, layers: int, embd: int) -> int:
     return vocab * embd + block * embd + layers * (12 * embd * embd + 2 * embd) + embd
 
 
+def train_settings(name: str, args: argparse.Namespace, data_dir: Path, run_dir: Path) -> list[str]:
+    """train.py's config file and settings for one row (plan.py reads the same)."""
+    return [str(REPO / "config" / "tiny.py"), f"--data_dir={data_dir}", f"--save_folder={run_dir}",
+            f"--n_layer={args.n_layer}", f"--n_head={args.n_head}", f"--n_embd={args.n_embd}",
+            f"--block_size={args.block_size}", f"--global_batch_size={args.batch * WORLD}",
+            f"--device_train_microbatch_size={args.batch}", f"--max_duration={args.batches}ba", *NO_EXTRAS,
+            *ROWS[name], *args.extra]
+
+
 def run_row(name: str, args: argparse.Namespace, data_dir: Path, work: Path) -> list[dict]:
     """One row's run to its end; each rank's probe figures."""
     run_dir = work / name
@@ -69,11 +79,7 @@ def run_row(name: str, args: argparse.Namespace, data_dir: Path, work: Path) -> 
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "bench"), str(REPO), os.environ.get("PYTHONPATH")]))}
     probe = f"--callbacks={{'memory_probe:MemoryProbe': {{'folder': {str(run_dir)!r}, 'batch': {args.batches}}}}}"
     cmd = [sys.executable, "-m", "pilegpt.launch", "-n", str(WORLD), str(REPO / "train.py"),
-           str(REPO / "config" / "tiny.py"), f"--data_dir={data_dir}", f"--save_folder={run_dir}",
-           f"--n_layer={args.n_layer}", f"--n_head={args.n_head}", f"--n_embd={args.n_embd}",
-           f"--block_size={args.block_size}", f"--global_batch_size={args.batch * WORLD}",
-           f"--device_train_microbatch_size={args.batch}", f"--max_duration={args.batches}ba", *NO_EXTRAS,
-           *ROWS[name], probe, *args.extra]
+           *train_settings(name, args, data_dir, run_dir), probe]
     start = time.time()
     done = subprocess.run(cmd, env=env, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if done.returncode != 0:
@@ -82,13 +88,23 @@ def run_row(name: str, args: argparse.Namespace, data_dir: Path, work: Path) -> 
     return [json.loads((run_dir / f"memory-rank{r}.json").read_text()) for r in range(WORLD)]
 
 
-def expected(name: str, args: argparse.Namespace) -> dict:
-    """The figures computed from the shape alone: state bytes per rank, and the Blocks' saved bytes with
-    activation checkpointing (each Block's input, B x T x C fp32)."""
-    count = n_params(50304, args.block_size, args.n_layer, args.n_embd)
-    share = WORLD if name.startswith("fsdp") else 1
-    return dict(n_params=count, state=count * 4 * (1 + 1 + 2) / share,
-                ac_blocks=args.n_layer * args.batch * args.block_size * args.n_embd * 4)
+def expected(name: str, args: argparse.Namespace, data_dir: Path, work: Path) -> dict:
+    """A row's figures computed another way: from the shape alone (state: parameters x 4 bytes x (1 + 1 + 2) / N;
+    what activation checkpointing keeps of the Blocks: each one's input, B x T x C fp32), and by plan.py from the
+    same settings (its per-GPU state; one microbatch's saves counted on the meta device, within the Blocks and
+    outside them, and the Blocks' inputs)."""
+    import plan
+
+    cfg = plan.read_settings(train_settings(name, args, data_dir, work / name))
+    planned = plan.make_plan(cfg, plan.Gpus(WORLD, "H100"), None)
+    saved = plan.saved_for_backward(plan.meta_model(cfg), planned.microbatch, cfg.block_size)
+    count = n_params(cfg.vocab_size, cfg.block_size, cfg.n_layer, cfg.n_embd)
+    return dict(n_params=count, state=count * 4 * (1 + 1 + 2) / (WORLD if cfg.fsdp else 1),
+                ac_blocks=cfg.n_layer * planned.microbatch * cfg.block_size * cfg.n_embd * 4,
+                plan_state=planned.weights + planned.gradients + planned.optimizer,
+                plan_blocks=sum(saved.blocks), plan_block_inputs=saved.block_inputs,
+                # plan.py passes the input as the targets too; a real batch's targets are their own (B, T) int64
+                plan_outside=saved.total - sum(saved.blocks) + planned.microbatch * cfg.block_size * 8)
 
 
 def row_figures(ranks: list[dict]) -> dict:
@@ -99,7 +115,8 @@ def row_figures(ranks: list[dict]) -> dict:
                 optimizer=most(lambda r: r["optimizer"]),
                 state=most(lambda r: r["params"] + r["grads"] + r["optimizer"]),
                 blocks=most(lambda r: r["saved"]["blocks"]), outside=most(lambda r: r["saved"]["outside"]),
-                rss_start=most(lambda r: 1024 * r["rss_fit_start_kib"]), rss_peak=most(lambda r: 1024 * r["rss_peak_kib"]))
+                rss_start=most(lambda r: 1024 * r["rss_fit_start_kib"]),
+                rss_peak=most(lambda r: 1024 * r["rss_peak_kib"]))
 
 
 def print_table(rows: dict[str, dict]) -> None:
@@ -115,18 +132,22 @@ def print_table(rows: dict[str, dict]) -> None:
               f"{grow:10.0f} {x(grow, (base['rss_peak'] - base['rss_start']) if base else 1)}")
 
 
-def checks(name: str, ranks: list[dict], args: argparse.Namespace) -> list[str]:
-    """Each rank's measured figures against the ones computed from the shape; the lines that disagree."""
-    want, bad = expected(name, args), []
+def checks(name: str, ranks: list[dict], want: dict) -> list[str]:
+    """Each rank's measured figures against want (expected()); the lines that disagree."""
+    ac, bad = name.endswith("+ac"), []
     for r in ranks:
-        state = r["params"] + r["grads"] + r["optimizer"]
+        state, saved, who = r["params"] + r["grads"] + r["optimizer"], r["saved"], f"{name} rank {r['rank']}"
         if r["n_params"] != want["n_params"]:
-            bad.append(f"{name} rank {r['rank']}: {r['n_params']:,} parameters, the shape gives {want['n_params']:,}")
-        if abs(state - want["state"]) > 1024:  # AdamW's step counters: a 4-byte tensor per parameter tensor
-            bad.append(f"{name} rank {r['rank']}: state {state:,} bytes, expected {want['state']:,.0f}")
-        if name.endswith("+ac") and r["saved"]["blocks"] != want["ac_blocks"]:
-            bad.append(f"{name} rank {r['rank']}: Blocks saved {r['saved']['blocks']:,} bytes, their inputs are "
-                       f"{want['ac_blocks']:,}")
+            bad.append(f"{who}: {r['n_params']:,} parameters, the shape gives {want['n_params']:,}")
+        for key in ("state", "plan_state"):  # apart from AdamW's step counters: 4 bytes a parameter tensor
+            if abs(state - want[key]) > 1024:
+                bad.append(f"{who}: state {state:,} bytes, {key} {want[key]:,.0f}")
+        blocks = (want["ac_blocks"], want["plan_block_inputs"]) if ac else (want["plan_blocks"],)
+        if any(saved["blocks"] != b for b in blocks):
+            bad.append(f"{who}: the Blocks saved {saved['blocks']:,} bytes, computed {blocks}")
+        if saved["outside"] != want["plan_outside"]:
+            bad.append(f"{who}: {saved['outside']:,} bytes saved outside the Blocks, plan.py counts "
+                       f"{want['plan_outside']:,} with the targets")
     return bad
 
 
@@ -148,15 +169,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         tmp = Path(tmp)
         data_dir = args.data_dir or make_shakespeare_bin(tmp / "data")
         results = {name: run_row(name, args, data_dir, tmp) for name in args.rows}
-    want = expected("ddp", args)
+        wants = {name: expected(name, args, data_dir, tmp) for name in args.rows}
+    want = wants[args.rows[0]]
     print(f"\nconfig/tiny.py at {args.n_layer} x {args.n_embd} ({want['n_params'] / 1e6:.2f}M parameters, "
           f"vocab 50304), {WORLD} processes on CPU, {args.batch} x {args.block_size} tokens per rank, batch "
           f"{args.batches}; MiB per rank (the larger rank's):")
     print_table({name: row_figures(ranks) for name, ranks in results.items()})
-    print(f"expected state: {want['state'] / MIB:.1f} MiB under DDP, {want['state'] / WORLD / MIB:.1f} under FSDP "
-          f"(parameters x 4 bytes x (1 + 1 + 2) / N); Blocks' inputs {want['ac_blocks'] / MIB:.1f} MiB")
-    bad = [line for name, ranks in results.items() for line in checks(name, ranks, args)]
-    print("\n".join(bad) if bad else "every figure matches the one computed from the shape")
+    for name, w in wants.items():
+        print(f"computed for {name}: state {w['state'] / MIB:.1f} MiB (parameters x 4 bytes x (1 + 1 + 2) / "
+              f"{WORLD if name.startswith('fsdp') else 1}), plan.py {w['plan_state'] / MIB:.1f}; plan.py's saves "
+              f"{w['plan_blocks'] / MIB:.1f} in the Blocks, {w['plan_outside'] / MIB:.1f} "
+              f"outside, the Blocks' inputs {w['plan_block_inputs'] / MIB:.1f} ({w['ac_blocks'] / MIB:.1f} by shape)")
+    for name, ranks in results.items():
+        if name.startswith("fsdp"):
+            print(f"{name}: parameters held whole from the forward to the backward (FSDP's root unit): "
+                  f"{max(r['whole_after_forward'] for r in ranks) / MIB:.1f} MiB")
+    bad = [line for name, ranks in results.items() for line in checks(name, ranks, wants[name])]
+    print("\n".join(bad) if bad else "every measured figure equals the ones computed another way (state: to the "
+          "step counters' bytes)")
     return 1 if bad else 0
 
 

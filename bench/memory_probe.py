@@ -15,8 +15,6 @@ from composer.loggers import Logger
 from composer.utils import dist
 from torch.distributed.tensor import DTensor
 
-MIB = 2**20
-
 
 def local(t: torch.Tensor) -> torch.Tensor:
     """This rank's own part of t: the local shard of a DTensor, t itself otherwise."""
@@ -89,7 +87,8 @@ class MemoryProbe(Callback):
     to `folder`/memory-rank{R}.json."""
 
     def __init__(self, folder: str, batch: int = 2):
-        self.path, self.batch, self.saved, self.row = f"{folder}/memory-rank{dist.get_global_rank()}.json", batch, None, {}
+        self.path = f"{folder}/memory-rank{dist.get_global_rank()}.json"
+        self.batch, self.saved, self.row = batch, None, {}
 
     def mine(self, state: State, ended: bool = False) -> bool:
         """Whether the batch in progress (or, ended: the one just done) is the one measured: the timestamp counts the
@@ -107,6 +106,10 @@ class MemoryProbe(Callback):
 
     def before_backward(self, state: State, logger: Logger) -> None:
         if self.saved is not None:
+            # under FSDP a parameter registered as a plain tensor now is one gathered whole and not resharded after
+            # the forward (FSDP2 swaps each unit's registered parameters between the shard and the whole)
+            whole = [p for p in self.saved.gpt.parameters() if not isinstance(p, DTensor)]
+            self.row["whole_after_forward"] = sum(nbytes(p) for p in whole)
             self.row["saved"], self.saved = self.saved.stop(), None
 
     def batch_end(self, state: State, logger: Logger) -> None:
