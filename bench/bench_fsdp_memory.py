@@ -4,7 +4,7 @@ FSDP + activation checkpointing, each a real `python -m pilegpt.launch -n 2 trai
 Usage:
     python bench/bench_fsdp_memory.py                  # ~5 minutes: config/tiny.py at 8 x 512, block_size 256
     python bench/bench_fsdp_memory.py --rows ddp fsdp  # some rows only
-    python bench/bench_fsdp_memory.py -- --optimizer=muon   # more train.py settings for every row, after --
+    python bench/bench_fsdp_memory.py -- --cpu_malloc_tune=False   # more train.py settings for every row, after --
 
 What it measures, on each rank, at the last batch (--batches, one microbatch per batch), by bench/memory_probe.py's
 callback (given to train.py by import path):
@@ -99,7 +99,8 @@ def expected(name: str, args: argparse.Namespace, data_dir: Path, work: Path) ->
     planned = plan.make_plan(cfg, plan.Gpus(WORLD, "H100"), None)
     saved = plan.saved_for_backward(plan.meta_model(cfg), planned.microbatch, cfg.block_size)
     count = n_params(cfg.vocab_size, cfg.block_size, cfg.n_layer, cfg.n_embd)
-    return dict(n_params=count, state=count * 4 * (1 + 1 + 2) / (WORLD if cfg.fsdp else 1),
+    adamw = cfg.optimizer == "adamw"  # the formula's 2 moments a parameter (plan.py's count covers Muon too)
+    return dict(n_params=count, state=count * 4 * (1 + 1 + 2) / (WORLD if cfg.fsdp else 1) if adamw else None,
                 ac_blocks=cfg.n_layer * planned.microbatch * cfg.block_size * cfg.n_embd * 4,
                 plan_state=planned.weights + planned.gradients + planned.optimizer,
                 plan_blocks=sum(saved.blocks), plan_block_inputs=saved.block_inputs,
@@ -132,6 +133,18 @@ def print_table(rows: dict[str, dict]) -> None:
               f"{grow:10.0f} {x(grow, (base['rss_peak'] - base['rss_start']) if base else 1)}")
 
 
+def print_phases(results: dict[str, list[dict]]) -> None:
+    """Each row's resident memory by batch: at its start, and its peak in the forward, the backward and the rest (the
+    optimizer step), the larger rank's, MiB."""
+    print("peak RSS by phase, MiB (the larger rank's): batch: start / forward / backward / optimizer step")
+    for name, ranks in results.items():
+        cells = [f"{p['batch']}: " + " / ".join(f"{max(r['phases'][i].get(k, 0) for r in ranks) / 1024:.0f}"
+                                                for k in ("start", "forward", "backward", "step"))
+                 for i, p in enumerate(ranks[0]["phases"])]
+        print(f"  {name:<8} start-up peak {max(r['rss_startup_peak_kib'] for r in ranks) / 1024:.0f}; "
+              + "; ".join(cells))
+
+
 def checks(name: str, ranks: list[dict], want: dict) -> list[str]:
     """Each rank's measured figures against want (expected()); the lines that disagree."""
     ac, bad = name.endswith("+ac"), []
@@ -140,7 +153,7 @@ def checks(name: str, ranks: list[dict], want: dict) -> list[str]:
         if r["n_params"] != want["n_params"]:
             bad.append(f"{who}: {r['n_params']:,} parameters, the shape gives {want['n_params']:,}")
         for key in ("state", "plan_state"):  # apart from AdamW's step counters: 4 bytes a parameter tensor
-            if abs(state - want[key]) > 1024:
+            if want[key] is not None and abs(state - want[key]) > 1024:
                 bad.append(f"{who}: state {state:,} bytes, {key} {want[key]:,.0f}")
         blocks = (want["ac_blocks"], want["plan_block_inputs"]) if ac else (want["plan_blocks"],)
         if any(saved["blocks"] != b for b in blocks):
@@ -176,10 +189,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           f"{args.batches}; MiB per rank (the larger rank's):")
     print_table({name: row_figures(ranks) for name, ranks in results.items()})
     for name, w in wants.items():
-        print(f"computed for {name}: state {w['state'] / MIB:.1f} MiB (parameters x 4 bytes x (1 + 1 + 2) / "
+        formula = "-" if w["state"] is None else f"{w['state'] / MIB:.1f}"
+        print(f"computed for {name}: state {formula} MiB (parameters x 4 bytes x (1 + 1 + 2) / "
               f"{WORLD if name.startswith('fsdp') else 1}), plan.py {w['plan_state'] / MIB:.1f}; plan.py's saves "
               f"{w['plan_blocks'] / MIB:.1f} in the Blocks, {w['plan_outside'] / MIB:.1f} "
               f"outside, the Blocks' inputs {w['plan_block_inputs'] / MIB:.1f} ({w['ac_blocks'] / MIB:.1f} by shape)")
+    print_phases(results)
     for name, ranks in results.items():
         if name.startswith("fsdp"):
             print(f"{name}: parameters held whole from the forward to the backward (FSDP's root unit): "
