@@ -11,16 +11,17 @@ callback (given to train.py by import path):
     state      the exact bytes of the parameters, gradients and optimizer state the rank holds: each local shard's
                numel x element size (DTensor.to_local() under FSDP), after the optimizer step, before the next
                batch frees the gradients. Checked against the parameter count from the shape (the formula in
-               n_params below) x 4 bytes x (1 weight + 1 gradient + 2 AdamW moments) / N under FSDP, / 1 under DDP
+               n_params below) x 4 bytes x (1 weight + 1 gradient + 2 AdamW moments) / N under FSDP, / 1 under
+               DDP, and against plan.py's weights + gradients + optimizer per GPU for the same settings
     saved      the bytes autograd saves for backward during that batch's forward (a saved_tensors_hooks pack hook:
                each storage once, parameters left out), split into the Blocks' (between the embeddings and the
                final norm) and the rest (the head's log-softmax over the vocabulary, mostly). Exact, and what
-               activation checkpointing changes; checked: with it the Blocks save only each Block's input,
-               n_layer x B x T x C x 4 bytes
+               activation checkpointing changes. Checked against plan.py's count of the same forward on the meta
+               device, and with checkpointing the Blocks save only their inputs, n_layer x B x T x C x 4 bytes
     RSS        the process's resident memory (VmRSS / VmHWM in /proc/self/status): before training (FIT_START) and
-               its peak by the end of that batch, before any checkpoint is written. Coarse (the interpreter,
-               Composer, the allocator's retained blocks, DDP's gradient buckets, FSDP's gathered weights all count)
-               but what the machine actually gave the process
+               its peak by the end of that batch, before any checkpoint is written, and the peak of each batch's
+               forward, backward and optimizer step. Coarse (the interpreter, Composer, the allocator's retained
+               blocks, DDP's gradient buckets, FSDP's gathered weights all count) but what the machine gave it
 Without --data-dir, tiny Shakespeare (tests/fixtures/tinyshakespeare.txt) is tokenized into a temporary folder first.
 """
 
