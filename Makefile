@@ -49,6 +49,7 @@ bench: install-dev
 	$(PYTHON) bench/bench_upload_s3.py
 	$(PYTHON) bench/bench_checkpoint_uploads.py
 	$(PYTHON) bench/bench_train.py
+	$(PYTHON) bench/bench_fsdp_memory.py
 
 # the wheels the GPU machine's image lacks (bench/gpu_wheels.txt), for its Python 3.12, into .gpu-wheels/: the device
 # tool carries them with `carry: [".gpu-wheels"]`, and bench/gpu_run.sh installs them there offline

@@ -281,13 +281,13 @@ def saved_for_backward(model, batch: int, block_size: int) -> Saved:
 
 
 def activation_bytes(model, cfg, microbatch: int) -> tuple[Optional[float], list[str]]:
-    """Activations of one microbatch, and notes; with activation checkpointing (a setting when the config has it)
-    the blocks keep their inputs and one block's saves are rebuilt at a time in backward."""
+    """Activations of one microbatch, and notes; with activation_checkpointing the blocks keep their inputs and one
+    block's saves are rebuilt at a time in backward."""
     try:
         saved = saved_for_backward(model, microbatch, cfg.block_size)
     except Exception as e:  # a custom model that cannot run on the meta device
         return None, [f"activations: n/a ({type(e).__name__} on the meta device)"]
-    if not getattr(cfg, "activation_checkpointing", False) or not saved.blocks:
+    if not cfg.activation_checkpointing or not saved.blocks:
         return float(saved.total), []
     outside = saved.total - sum(saved.blocks)
     return float(outside + saved.block_inputs + max(saved.blocks)), ["activation checkpointing: the blocks keep "

@@ -12,14 +12,14 @@ import torch
 from composer.core import Algorithm, Event
 
 
-def fsdp_config(activation_checkpointing: bool = False):
+def fsdp_config():
     """Composer's FSDP2 config: sharded checkpoints (each rank its own part; autoresume reads them on any number of
-    processes), mixed precision as the run's `precision` ('DEFAULT': bf16 compute, fp32 weights and reductions), and
-    with activation_checkpointing each Block's activations recomputed in the backward pass."""
+    processes), mixed precision as the run's `precision` ('DEFAULT': bf16 compute, fp32 weights and reductions).
+    FSDP2's own activation checkpointing stays off: activation_checkpointing is model.py's (GPT.checkpoint_blocks),
+    with or without FSDP."""
     from composer.utils.parallelism import FSDP2Config
 
-    return FSDP2Config(state_dict_type="sharded", mixed_precision="DEFAULT",
-                       activation_checkpointing=activation_checkpointing)
+    return FSDP2Config(state_dict_type="sharded", mixed_precision="DEFAULT")
 
 
 def mean_gradients(model: torch.nn.Module) -> bool:
