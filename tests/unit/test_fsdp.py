@@ -95,8 +95,13 @@ def two_processes(tmp_path, code: str) -> list[list[str]]:
 
 
 def test_sharded_gradients_are_the_mean_and_clip_to_the_global_norm(tmp_path):
+    import torch as installed
+
     for _, averaged, norm_error, drift in two_processes(tmp_path, SHARDED_CLIP):
-        assert averaged == "True"  # torch 2.7's gloo summed: the hook was needed (a newer torch may average)
+        # torch 2.7's gloo summed where FSDP2 asked for a mean, so the hook was needed; torch 2.14's averages (CI's
+        # second environment): either way the gradients below are the whole batch's mean
+        if installed.__version__.startswith("2.7."):
+            assert averaged == "True"
         assert float(norm_error) < 1e-6  # the global norm over both ranks' shards (measured 3e-8; torch's fp32
         assert float(drift) < 1e-7  # clip_grad_norm_ on the whole gradients is 1.3e-5 off the float64 norm here)
 
