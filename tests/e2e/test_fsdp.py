@@ -41,8 +41,9 @@ RECIPES = {  # grad_clip=0.05 clips every batch: gradients N times too large (gl
     "nanochat": [TINY, str(REPO / "config" / "nanochat.py"), "--warmup=2ba", "--muon_momentum_warmup=2"],
 }
 # Like with like: both runs on 2 processes, one reducing gradients with DDP's all-reduce, the other with FSDP's
-# reduce-scatter. Measured: 0.0 to 1.9e-6 over 12 batches of config/nanochat.py, at most 1.9e-6 at 6; AdamW 0 to
-# 9.5e-7 over 17 (tiny.py's rates). ACROSS_PROCESS_COUNTS (1e-5) is five times the largest.
+# reduce-scatter. Measured: 0.0 to 1.9e-6 over 12 batches of config/nanochat.py; 0.0 over these 6 for both recipes
+# (PILEGPT_DRIFT_LOG). Longer, with clipping switching on and off, the two clip norms' float32 rounding shows:
+# config/tiny.py reaches 1.1e-5 by batch 17 (docs/clusters.md#fsdp). ACROSS_PROCESS_COUNTS: 1e-5.
 FSDP_VS_DDP = ACROSS_PROCESS_COUNTS
 
 
