@@ -473,7 +473,10 @@ def run_race(table: "Table", setup: Setup, args: argparse.Namespace, precision: 
     kind = "smoke" if setup.smoke else "gpu"
     t_text = time.monotonic()
     tokens = args.race_tokens or RACE_TOKENS[kind]
-    setup.data_dir, skipped = write_race_text(setup.work / "race", tokens, workers=min(os.cpu_count() or 1, 16),
+    # the smoke's 150k tokens in-process: a pool of tokenizer processes would only start up (and once, under the
+    # suite's warm start and load, its spawned workers stalled at 0% until the budget ran out)
+    workers = 1 if setup.smoke else min(os.cpu_count() or 1, 16)
+    setup.data_dir, skipped = write_race_text(setup.work / "race", tokens, workers=workers,
                                               val_fraction=RACE_VAL[kind],
                                               timeout_s=args.budget_s - (time.monotonic() - t_start))
     if skipped:
